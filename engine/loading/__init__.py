@@ -1,0 +1,1 @@
+"""Reading checkpoints: Hugging Face safetensors folders and GGUF files."""
