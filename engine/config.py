@@ -63,6 +63,7 @@ class ModelConfig:
     attention_bias: bool = False  # bias on q/k/v projections (Qwen2 always, Llama optional)
     mlp_bias: bool = False
     qk_norm: bool = False  # RMSNorm over each head of q and k (Qwen3)
+    sliding_window: int | None = None  # attend only to the last N positions (Mistral)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
@@ -104,6 +105,7 @@ class ModelConfig:
                 attention_bias=bool(d.get("attention_bias", architecture.startswith("Qwen2"))),
                 mlp_bias=bool(d.get("mlp_bias", False)),
                 qk_norm=architecture.startswith("Qwen3"),
+                sliding_window=_sliding_window(d, architecture),
                 bos_token_id=d.get("bos_token_id"),
                 eos_token_ids=eos_ids,
                 pad_token_id=d.get("pad_token_id"),
@@ -133,3 +135,11 @@ class ModelConfig:
         if not isinstance(d, dict):
             raise CorruptFileError(f"{path} does not hold a JSON object. Re-download the file.")
         return cls.from_hf_dict(d)
+
+
+def _sliding_window(d: dict[str, Any], architecture: str) -> int | None:
+    """Mistral applies `sliding_window` on every layer; Qwen2/3 only when `use_sliding_window` is set."""
+    window = d.get("sliding_window")
+    if architecture.startswith("Qwen") and not d.get("use_sliding_window", False):
+        return None
+    return int(window) if window else None

@@ -1,0 +1,112 @@
+"""The common shape of every text model: construction from a config, weight mapping, and `forward`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from engine.config import ModelConfig
+from engine.errors import TensorMismatchError
+from engine.models.batch import Batch
+
+log = logging.getLogger(__name__)
+
+
+class Model(nn.Module):
+    """A causal language model over a paged KV cache.
+
+    `Model.load(path)` reads a Hugging Face folder or a GGUF file and returns the right subclass.
+    `forward(inputs, positions, batch)` takes token ids [num_tokens] (or embeddings [num_tokens, hidden])
+    for a ragged batch and returns float32 logits for the rows `batch.logits_indices` names.
+    """
+
+    architectures: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.source_path: Path | None = None
+        self._tokenizer = None
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        progress: Callable[[float], None] | None = None,
+    ) -> Model:
+        """Load a model folder or .gguf file; `progress(fraction)` is called as tensors load."""
+        from engine.loading.model import load_model
+
+        return load_model(path, device=device, dtype=dtype, progress=progress)
+
+    @property
+    def tokenizer(self):
+        """The model's tokenizer, loaded from the same files on first use."""
+        if self._tokenizer is None:
+            from engine.tokenizer import Tokenizer
+
+            if self.source_path is None:
+                raise AttributeError("this model was not loaded from files, so it has no tokenizer")
+            self._tokenizer = Tokenizer.load(self.source_path)
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value) -> None:
+        self._tokenizer = value
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    # --- weights -------------------------------------------------------------------------------------
+
+    def checkpoint_names(self, name: str) -> tuple[str, ...]:
+        """The checkpoint tensors that make up parameter `name`, concatenated on dim 0. Identity by default."""
+        return (name,)
+
+    def load_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Fill this (meta-device) model from checkpoint-named tensors, checking every name and shape."""
+        state: dict[str, torch.Tensor] = {}
+        for name, param in self.named_parameters(remove_duplicate=False):
+            if name in state:
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            parts = []
+            for src in self.checkpoint_names(name):
+                if src not in tensors:
+                    raise TensorMismatchError(
+                        f"the checkpoint has no tensor {src!r} (needed for {self.config.architecture}). "
+                        "The checkpoint is incomplete or is not of this architecture."
+                    )
+                parts.append(tensors[src])
+            value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+            if tuple(value.shape) != tuple(param.shape):
+                raise TensorMismatchError(
+                    f"tensor {' + '.join(self.checkpoint_names(name))} has shape {tuple(value.shape)} but the "
+                    f"config implies {tuple(param.shape)}. config.json and the weights do not belong together."
+                )
+            state[name] = value
+        self.load_state_dict(state, strict=False, assign=True)
+        if self.config.tie_word_embeddings:
+            self.tie_weights()
+        missing = [n for n, p in self.named_parameters() if p.is_meta]
+        if missing:
+            raise TensorMismatchError(f"no weights were found for {missing[:5]}; the checkpoint is incomplete.")
+
+    def tie_weights(self) -> None:
+        raise NotImplementedError
+
+    def forward(self, inputs: torch.Tensor, positions: torch.Tensor, batch: Batch) -> torch.Tensor:
+        raise NotImplementedError

@@ -1,0 +1,79 @@
+"""What one forward call needs to know about its ragged batch, as tensors the model can use directly."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A ragged batch: several sequences, each adding `query_lens[i]` tokens after `past_lens[i]` cached ones.
+
+    Tokens of all sequences are concatenated on one axis (num_tokens = sum(query_lens)). The host-side tuples
+    let ops plan work without reading tensors back from the device.
+    """
+
+    cache: object  # engine.cache.Cache: per-layer k/v page tensors
+    block_tables: torch.Tensor  # [num_seqs, max_pages] int64 page ids
+    seq_lens: torch.Tensor  # [num_seqs] int64: cached tokens after this step
+    slot_mapping: torch.Tensor  # [num_tokens] int64: page_id * page_size + offset for each new token
+    logits_indices: torch.Tensor | None  # rows of the token axis that need logits; None = all
+    query_lens: tuple[int, ...]
+    past_lens: tuple[int, ...]
+
+    @property
+    def seq_lens_host(self) -> tuple[int, ...]:
+        return tuple(p + q for p, q in zip(self.past_lens, self.query_lens))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+    @classmethod
+    def build(
+        cls,
+        cache,
+        block_tables: Sequence[Sequence[int]],
+        past_lens: Sequence[int],
+        query_lens: Sequence[int],
+        logits: str | Sequence[Sequence[int]] = "last",
+    ) -> Batch:
+        """Make a batch from host-side page lists.
+
+        `logits` is "last" (last new token of each sequence), "all", or per sequence the offsets within its
+        new tokens that need logits.
+        """
+        device = cache.device
+        page_size = cache.page_size
+        max_pages = max(len(t) for t in block_tables)
+        tables = torch.zeros((len(block_tables), max(max_pages, 1)), dtype=torch.int64)
+        slots: list[int] = []
+        rows: list[int] = []
+        start = 0
+        for i, (table, past, n) in enumerate(zip(block_tables, past_lens, query_lens)):
+            if past + n > len(table) * page_size:
+                raise ValueError(f"sequence {i} needs {past + n} slots but has {len(table)} pages of {page_size}")
+            tables[i, : len(table)] = torch.tensor(table, dtype=torch.int64)
+            slots.extend(table[p // page_size] * page_size + p % page_size for p in range(past, past + n))
+            if logits == "last":
+                rows.append(start + n - 1)
+            elif logits != "all":
+                rows.extend(start + j for j in logits[i])
+            start += n
+        return cls(
+            cache=cache,
+            block_tables=tables.to(device),
+            seq_lens=torch.tensor([p + n for p, n in zip(past_lens, query_lens)], dtype=torch.int64, device=device),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            logits_indices=None if logits == "all" else torch.tensor(rows, dtype=torch.int64, device=device),
+            query_lens=tuple(int(n) for n in query_lens),
+            past_lens=tuple(int(p) for p in past_lens),
+        )
+
+    def positions(self) -> torch.Tensor:
+        """Standard 1-D positions: each sequence continues from its cached length. [num_tokens] int64."""
+        pos = [torch.arange(p, p + n) for p, n in zip(self.past_lens, self.query_lens)]
+        return torch.cat(pos).to(self.slot_mapping.device)

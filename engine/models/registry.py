@@ -1,0 +1,26 @@
+"""Hugging Face architecture string -> model class."""
+
+from __future__ import annotations
+
+from engine.errors import UnsupportedArchitectureError
+from engine.models.base import Model
+from engine.models.llama import LlamaForCausalLM
+from engine.models.qwen2 import Qwen2ForCausalLM
+from engine.models.qwen3 import Qwen3ForCausalLM
+
+_MODELS: dict[str, type[Model]] = {
+    arch: cls for cls in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) for arch in cls.architectures
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def model_class(architecture: str) -> type[Model]:
+    try:
+        return _MODELS[architecture]
+    except KeyError:
+        raise UnsupportedArchitectureError(
+            f"architecture {architecture!r} is not supported. Supported: {', '.join(supported_architectures())}."
+        ) from None

@@ -1,0 +1,51 @@
+"""Rotary embedding tables: inverse frequencies (with linear/llama3 scaling) and per-position cos/sin."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.config import ModelConfig
+
+
+def inverse_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
+    """[rotary_dim / 2] float32 inverse frequencies, scaled as the config's rope_scaling says."""
+    dim = config.head_dim
+    # Explicit CPU device: models are built under torch.device("meta"), and these numbers must be real.
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim))
+    scaling = config.rope_scaling
+    if scaling is not None and scaling.rope_type == "linear":
+        inv = inv / scaling.factor
+    elif scaling is not None and scaling.rope_type == "llama3":
+        # Long wavelengths are slowed by `factor`, short ones kept, and the band between blended smoothly.
+        old_ctx = scaling.original_max_position_embeddings
+        wavelen = 2 * math.pi / inv
+        low_wavelen = old_ctx / scaling.low_freq_factor
+        high_wavelen = old_ctx / scaling.high_freq_factor
+        smooth = (old_ctx / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+        blended = (1 - smooth) * inv / scaling.factor + smooth * inv
+        inv = torch.where(wavelen > low_wavelen, inv / scaling.factor, torch.where(wavelen < high_wavelen, inv, blended))
+    if freq_factors is not None:
+        # GGUF files store llama3-style scaling as explicit per-frequency divisors.
+        inv = inv / freq_factors.to(torch.float64)
+    return inv.float()
+
+
+class RotaryTable:
+    """cos/sin for positions 0..n, grown on demand (decided from host-side lengths, never by a device sync)."""
+
+    def __init__(self, inv_freq: torch.Tensor):
+        self.inv_freq = inv_freq
+        self.cos = torch.empty(0)
+        self.sin = torch.empty(0)
+
+    def lookup(self, positions: torch.Tensor, max_position: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token (cos, sin), each [num_tokens, head_dim], for positions all below `max_position`."""
+        if self.cos.shape[0] < max_position or self.cos.device != positions.device or self.cos.dtype != dtype:
+            n = max(max_position, 2 * self.cos.shape[0], 256)
+            t = torch.arange(n, dtype=torch.float32, device=positions.device)
+            freqs = torch.outer(t, self.inv_freq.to(positions.device))
+            emb = torch.cat((freqs, freqs), dim=-1)  # [n, head_dim]
+            self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        return self.cos[positions], self.sin[positions]

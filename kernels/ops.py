@@ -1,0 +1,49 @@
+"""The ops model code calls. Each forwards to `dispatch`, which picks the backend."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kernels import dispatch
+from kernels.torch_ref import activation, attention, norm, rope
+
+dispatch.register("write_kv", attention.write_kv, reference=True)
+dispatch.register("paged_attention", attention.paged_attention, reference=True)
+dispatch.register("rms_norm", norm.rms_norm, reference=True)
+dispatch.register("apply_rope", rope.apply_rope, reference=True)
+dispatch.register("silu_and_mul", activation.silu_and_mul, reference=True)
+
+
+def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
+    dispatch.call("write_kv", k_cache, v_cache, k, v, slot_mapping)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    return dispatch.call(
+        "paged_attention", q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale,
+        sliding_window,
+    )
+
+
+def rms_norm(x, weight, eps: float, residual=None):
+    return dispatch.call("rms_norm", x, weight, eps, residual)
+
+
+def apply_rope(x, cos, sin):
+    return dispatch.call("apply_rope", x, cos, sin)
+
+
+def silu_and_mul(x):
+    return dispatch.call("silu_and_mul", x)

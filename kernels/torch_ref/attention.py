@@ -1,0 +1,89 @@
+"""Paged attention over a ragged batch, in plain torch.
+
+Layout of the KV cache for one layer (pages are shared between sequences through block tables):
+
+    k_cache, v_cache: [num_pages, page_size, num_kv_heads, head_dim]
+    block_tables:     [num_seqs, max_pages_per_seq]   page ids, in order; unused entries are ignored
+    seq_lens:         [num_seqs]  tokens in the cache for each sequence after this step's K/V is written
+    query_lens:       host ints; the last query_lens[i] of a sequence's seq_lens[i] tokens are its queries
+
+Queries of all sequences are concatenated on the token axis: q is [num_tokens, num_q_heads, head_dim].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> bool:
+    """Store new K/V rows at flat slots (page_id * page_size + offset)."""
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    return True
+
+
+def _window_mask(q_pos: torch.Tensor, kv_len: int, sliding_window: int | None) -> torch.Tensor:
+    """Boolean [q, kv] mask: causal, and within the sliding window when one is set."""
+    kv_pos = torch.arange(kv_len, device=q_pos.device)
+    mask = kv_pos[None, :] <= q_pos[:, None]
+    if sliding_window is not None:
+        mask &= kv_pos[None, :] > q_pos[:, None] - sliding_window
+    return mask
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new queries over its cached keys/values -> [num_tokens, Hq, D]."""
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    page_size = k_cache.shape[1]
+    num_seqs = len(query_lens)
+    if all(n == 1 for n in query_lens) and sliding_window is None:
+        # Decode: one query per sequence, so pad every sequence's keys to the longest and run one call.
+        max_pages = (max(seq_lens_host) + page_size - 1) // page_size
+        tables = block_tables[:, :max_pages]
+        k = k_cache[tables].view(num_seqs, max_pages * page_size, num_kv_heads, head_dim).transpose(1, 2)
+        v = v_cache[tables].view(num_seqs, max_pages * page_size, num_kv_heads, head_dim).transpose(1, 2)
+        valid = torch.arange(max_pages * page_size, device=q.device)[None, :] < seq_lens[:, None]
+        out = F.scaled_dot_product_attention(
+            q[:, :, None, :].to(k.dtype),  # [num_seqs, Hq, 1, D]
+            k,
+            v,
+            attn_mask=valid[:, None, None, :],
+            scale=scale,
+            enable_gqa=True,
+        )
+        return out[:, :, 0, :]
+
+    out = torch.empty(q.shape, dtype=k_cache.dtype, device=q.device)
+    start = 0
+    for i in range(num_seqs):
+        q_len, kv_len = query_lens[i], seq_lens_host[i]
+        num_pages = (kv_len + page_size - 1) // page_size
+        pages = block_tables[i, :num_pages]
+        k = k_cache[pages].view(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)  # [Hkv, kv_len, D]
+        v = v_cache[pages].view(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)
+        qi = q[start : start + q_len].transpose(0, 1).to(k.dtype)  # [Hq, q_len, D]
+        if q_len == kv_len and sliding_window is None:
+            o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device)
+            mask = _window_mask(q_pos, kv_len, sliding_window)
+            o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[start : start + q_len] = o.transpose(0, 1)
+        start += q_len
+    return out
