@@ -1,0 +1,330 @@
+"""DynamicGenerator: continuous batching of jobs over one paged KV cache.
+
+Each iterate():  admit waiting jobs (prefix match, page copies)  ->  one forward pass holding every job's
+prefill chunk or decode token  ->  sample where logits were produced  ->  text, stop and banned checks
+->  result dicts.  The scheduler decides with ids only; this file is where tensors meet the schedule.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from engine.cache.cache import Cache
+from engine.cache.page_table import PageTable
+from engine.generator.job import DynamicJob
+from engine.generator.results import Result
+from engine.generator.sampler import SamplerSettings
+from engine.generator.scheduler import Scheduler, Seq, Step
+from engine.generator.session import JobSession
+from engine.models.batch import Batch
+
+log = logging.getLogger(__name__)
+
+
+class JobFailure(RuntimeError):
+    """Raised by iterate() when jobs failed; they have been removed, and the others go on next iterate()."""
+
+    def __init__(self, failures: list[tuple[DynamicJob, BaseException]]):
+        self.failures = failures
+        names = ", ".join(f"{job!r}: {type(e).__name__}: {e}" for job, e in failures)
+        super().__init__(f"{len(failures)} job(s) failed and were removed: {names}")
+
+
+class DynamicGenerator:
+    """Runs many jobs at once over a shared paged cache (the seed documents' dynamic generator)."""
+
+    def __init__(
+        self,
+        model,
+        cache: Cache,
+        tokenizer,
+        max_batch_size: int | None = None,
+        max_seq_len: int | None = None,
+        max_chunk_size: int | None = None,
+        max_q_size: int = 8,
+        draft_model=None,
+        draft_cache=None,
+        num_draft_tokens: int = 4,
+        use_ngram_draft: bool = False,
+        max_ngram: int = 4,
+        max_sampling_threads: int = 16,
+        min_sampling_threads: int = 3,
+        paged: bool = True,
+        filter_background_eval: bool = True,
+    ):
+        if draft_model is not None or draft_cache is not None:
+            raise NotImplementedError("speculative decoding with a draft model arrives with issue [G]")
+        if use_ngram_draft:
+            raise NotImplementedError("n-gram speculative decoding arrives with issue [G]")
+        if cache.model is not model:
+            raise ValueError("the cache was made for a different model; create it with Cache(model, ...)")
+        self.model = model
+        self.cache = cache
+        self.tokenizer = tokenizer
+        self.paged = paged
+        self.max_seq_len = max_seq_len or cache.max_seq_len
+        self.max_chunk_size = max_chunk_size or 2048
+        self.max_q_size = max_q_size
+        self.num_draft_tokens = num_draft_tokens
+        self.max_ngram = max_ngram
+        self.max_sampling_threads = max_sampling_threads
+        self.min_sampling_threads = min_sampling_threads
+        self.filter_background_eval = filter_background_eval
+        self.page_size = cache.page_size
+        self.num_pages = cache.num_pages
+        if not paged:
+            max_batch_size = 1  # one contiguous sequence
+        # Every running job holds at least one page, so the cache bounds how many can run at once.
+        self.max_batch_size = max_batch_size or min(self.num_pages, 256)
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        self.page_table = PageTable(self.num_pages, self.page_size)
+        self.scheduler = Scheduler(self.page_table, self.max_batch_size, self.max_chunk_size)
+        self._sessions: dict[int, JobSession] = {}  # serial -> running or waiting job
+        self._buffered: list[Result] = []  # results produced while generate() ran others' steps
+        self._next_serial = 0
+        self._lock = threading.RLock()
+
+    # --- queue -------------------------------------------------------------------------------------------
+
+    def enqueue(self, job: DynamicJob | Sequence[DynamicJob]) -> int | list[int]:
+        """Queue one job (returns its serial) or a list of jobs (returns their serials)."""
+        if isinstance(job, (list, tuple)):
+            return [self.enqueue(j) for j in job]
+        if not isinstance(job, DynamicJob):
+            raise TypeError(f"enqueue takes a DynamicJob or a list of them, not {type(job).__name__}")
+        self.validate(job)
+        with self._lock:
+            job.serial = self._next_serial
+            self._next_serial += 1
+            session = JobSession(job, self.tokenizer)
+            seq = Seq(
+                serial=job.serial,
+                tokens=list(session.prompt_ids),
+                prompt_len=len(session.prompt_ids),
+                max_new_tokens=job.max_new_tokens,
+                max_skips=job.max_skips,
+                may_rewind=bool(job.banned_strings),
+            )
+            session.seq = seq
+            self._sessions[job.serial] = session
+            self.scheduler.waiting.append(seq)
+        return job.serial
+
+    def validate(self, job: DynamicJob) -> None:
+        """Raise ValueError if the job can never run on this generator (checked again by enqueue)."""
+        if job.serial is not None and job.serial in self._sessions:
+            raise ValueError(f"{job!r} is already enqueued")
+        vocab = self.model.config.vocab_size
+        bad = [t for t in job.prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"input_ids holds token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}")
+        total = len(job.prompt_ids) + job.max_new_tokens
+        needed = self.page_table.pages_for(total)
+        if needed > self.num_pages:
+            raise ValueError(
+                f"the job needs {needed} cache pages of {self.page_size} tokens (prompt {len(job.prompt_ids)} + "
+                f"max_new_tokens {job.max_new_tokens}) but the whole cache has {self.num_pages}; make the cache "
+                "larger, shorten the prompt, or lower max_new_tokens"
+            )
+        if total > self.max_seq_len:
+            raise ValueError(
+                f"the job needs {total} tokens (prompt {len(job.prompt_ids)} + max_new_tokens "
+                f"{job.max_new_tokens}) but max_seq_len is {self.max_seq_len}; shorten the prompt or lower "
+                "max_new_tokens"
+            )
+
+    def cancel(self, job: DynamicJob) -> bool:
+        """Stop a job at any stage and free its pages. Returns False if it was not queued or running."""
+        with self._lock:
+            session = self._sessions.pop(job.serial, None) if job.serial is not None else None
+            if session is None:
+                return False
+            self.scheduler.finish(session.seq)
+            return True
+
+    def clear_queue(self) -> None:
+        """Cancel every job, waiting or running."""
+        with self._lock:
+            for session in list(self._sessions.values()):
+                self.cancel(session.job)
+            self._buffered.clear()
+
+    def num_remaining_jobs(self) -> int:
+        return len(self._sessions)
+
+    def num_active_jobs(self) -> int:
+        return len(self.scheduler.active)
+
+    # --- one step ------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def iterate(self) -> list[Result]:
+        """Advance every job by one step; returns one result dict per job with activity."""
+        with self._lock:
+            results, self._buffered = self._buffered, []
+            admitted, copies = self.scheduler.admit()
+            for c in copies:
+                self.cache.copy_page(c.src, c.dst, c.num_tokens)
+            self.scheduler.copies_done()
+            now = time.perf_counter()
+            for seq in admitted:
+                session = self._sessions[seq.serial]
+                session.start(now, self.model.config.vocab_size)
+                results.append(session.result("started"))
+            steps = self.scheduler.plan()
+            if not steps:
+                return results
+            try:
+                logits = self._forward(steps)
+            except Exception as e:
+                failed = [(self._sessions[s.seq.serial].job, e) for s in steps]
+                for s in steps:
+                    self.cancel(self._sessions[s.seq.serial].job)
+                self._buffered = results
+                raise JobFailure(failed) from e
+            failures: list[tuple[DynamicJob, BaseException]] = []
+            sampled_steps = []
+            for step in steps:
+                self.scheduler.commit(step)
+                session = self._sessions[step.seq.serial]
+                if step.needs_logits:
+                    sampled_steps.append(step)
+                else:
+                    results.append(session.prefill_result())
+            results.extend(self._sample_and_emit(sampled_steps, logits, failures))
+            if failures:
+                self._buffered = results
+                raise JobFailure(failures)
+            return results
+
+    def _forward(self, steps: list[Step]) -> torch.Tensor:
+        batch = Batch.build(
+            self.cache,
+            [[p.page_id for p in s.seq.pages] for s in steps],
+            [s.start for s in steps],
+            [len(s.token_ids) for s in steps],
+            logits=[[len(s.token_ids) - 1] if s.needs_logits else [] for s in steps],
+        )
+        ids = torch.tensor([t for s in steps for t in s.token_ids], dtype=torch.long, device=self.cache.device)
+        return self.model(ids, batch.positions(), batch)
+
+    def _sample_and_emit(
+        self, steps: list[Step], logits: torch.Tensor, failures: list[tuple[DynamicJob, BaseException]]
+    ) -> list[Result]:
+        if not steps:
+            return []
+        sessions = [self._sessions[s.seq.serial] for s in steps]
+        try:
+            outputs = JobSession.sample_many(sessions, logits)
+        except Exception:
+            # One job's settings or state broke the batched call: sample one by one to find it.
+            outputs = []
+            for i, session in enumerate(sessions):
+                try:
+                    outputs.append(JobSession.sample_many([session], logits[i : i + 1])[0])
+                except Exception as e:
+                    outputs.append(e)
+        results: list[Result] = []
+        now = time.perf_counter()
+        for session, row, out in zip(sessions, logits, outputs):
+            if isinstance(out, BaseException):
+                failures.append((session.job, out))
+                self.cancel(session.job)
+                continue
+            try:
+                result, rewind_to = session.accept(out, row, now)
+            except Exception as e:
+                failures.append((session.job, e))
+                self.cancel(session.job)
+                continue
+            if rewind_to is not None:
+                self.scheduler.rewind(session.seq, rewind_to)
+            else:
+                self.scheduler.append(session.seq, session.generated[-1])
+            if result is not None:
+                results.append(result)
+                if result["eos"]:
+                    self._sessions.pop(session.job.serial, None)
+                    self.scheduler.finish(session.seq)
+        return results
+
+    # --- convenience ---------------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: str | Sequence[str],
+        max_new_tokens: int,
+        min_new_tokens: int = 0,
+        seed: int | None = None,
+        gen_settings: SamplerSettings | Sequence[SamplerSettings] | None = None,
+        token_healing: bool = False,
+        encode_special_tokens: bool = False,
+        decode_special_tokens: bool = False,
+        stop_conditions: Sequence[int | str] | None = None,
+        add_bos: bool = False,
+        abort_event: threading.Event | None = None,
+        completion_only: bool = False,
+        embeddings: Sequence[Any] | None = None,
+        banned_strings: Sequence[str] | None = None,
+        return_last_results: bool = False,
+    ):
+        """Complete one prompt (returns a string) or a list (returns a list), waiting only for these jobs.
+
+        Other jobs keep running; their results are kept for the next iterate() call.
+        """
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        settings = list(gen_settings) if isinstance(gen_settings, (list, tuple)) else [gen_settings] * len(prompts)
+        if len(settings) != len(prompts):
+            raise ValueError(f"{len(settings)} gen_settings for {len(prompts)} prompts; pass one or one per prompt")
+        jobs = []
+        for i, (p, s) in enumerate(zip(prompts, settings)):
+            ids = self.tokenizer.encode(p, add_bos=add_bos, encode_special_tokens=encode_special_tokens)
+            jobs.append(
+                DynamicJob(
+                    ids,
+                    max_new_tokens,
+                    min_new_tokens=min_new_tokens,
+                    gen_settings=s,
+                    seed=None if seed is None else seed + i,
+                    stop_conditions=stop_conditions,
+                    decode_special_tokens=decode_special_tokens,
+                    token_healing=token_healing,
+                    identifier=i,
+                    banned_strings=banned_strings,
+                    embeddings=embeddings,
+                )
+            )
+        self.enqueue(jobs)
+        mine = {j.serial for j in jobs}
+        completions = [""] * len(jobs)
+        last: list[Result | None] = [None] * len(jobs)
+        others: list[Result] = []
+        try:
+            while any(j.serial in self._sessions for j in jobs):
+                if abort_event is not None and abort_event.is_set():
+                    break
+                for r in self.iterate():
+                    if r["serial"] not in mine:
+                        others.append(r)
+                        continue
+                    i = r["identifier"]
+                    completions[i] += r.get("text", "")
+                    if r["eos"]:
+                        last[i] = r
+        finally:
+            for j in jobs:
+                self.cancel(j)
+            self._buffered = others + self._buffered
+        if not completion_only:
+            completions = [p + c for p, c in zip(prompts, completions)]
+        out: Any = completions[0] if isinstance(prompt, str) else completions
+        if return_last_results:
+            return out, (last[0] if isinstance(prompt, str) else last)
+        return out

@@ -1,0 +1,119 @@
+"""DynamicJob: one generation request, its settings, and the state the generator keeps for it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from engine.generator.sampler import SamplerSettings
+
+
+def _as_id_list(input_ids: Any) -> list[int]:
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() == 2:
+            if input_ids.shape[0] != 1:
+                raise ValueError(
+                    f"input_ids has batch size {input_ids.shape[0]}; a job takes one sequence of shape (1, n). "
+                    "Create one job per prompt."
+                )
+            input_ids = input_ids[0]
+        if input_ids.dim() != 1 or input_ids.is_floating_point():
+            raise ValueError(f"input_ids must be integer token ids of shape (1, n), got {tuple(input_ids.shape)}")
+        return input_ids.tolist()
+    if isinstance(input_ids, (list, tuple)) and all(isinstance(t, int) for t in input_ids):
+        return list(input_ids)
+    raise ValueError("input_ids must be a LongTensor of shape (1, n) or a list of ints")
+
+
+class DynamicJob:
+    """A generation request. Create it, hand it to `DynamicGenerator.enqueue`, read results from `iterate()`."""
+
+    def __init__(
+        self,
+        input_ids: torch.Tensor | Sequence[int],
+        max_new_tokens: int,
+        min_new_tokens: int = 0,
+        max_skips: int = 4,
+        gen_settings: SamplerSettings | None = None,
+        seed: int | None = None,
+        stop_conditions: Sequence[int | str] | None = None,
+        decode_special_tokens: bool = False,
+        return_top_tokens: int = 0,
+        return_logits: bool = False,
+        return_probs: bool = False,
+        filters: Sequence[Any] | None = None,
+        filter_prefer_eos: bool = False,
+        token_healing: bool = False,
+        identifier: object = None,
+        banned_strings: Sequence[str] | None = None,
+        embeddings: Sequence[Any] | None = None,
+    ):
+        if filters:
+            raise NotImplementedError(
+                "job filters (constrained output: JSON schema, regex, choices) arrive with issue [G]; "
+                "run the job without filters for now"
+            )
+        if embeddings:
+            raise NotImplementedError("image embeddings in jobs arrive with issue [D] (vision end to end)")
+        if (
+            isinstance(input_ids, (list, tuple))
+            and len(input_ids) == 2
+            and all(isinstance(x, torch.Tensor) for x in input_ids)
+        ):
+            raise NotImplementedError("a (positive, negative) prompt pair for CFG arrives with issue [G]")
+        self.prompt_ids = _as_id_list(input_ids)
+        if not self.prompt_ids:
+            raise ValueError("input_ids is empty: a job needs at least one prompt token")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        if not 0 <= min_new_tokens <= max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens ({min_new_tokens}) must be between 0 and max_new_tokens ({max_new_tokens})"
+            )
+        if max_skips < 0:
+            raise ValueError(f"max_skips must be >= 0, got {max_skips}")
+        if return_top_tokens < 0:
+            raise ValueError(f"return_top_tokens must be >= 0, got {return_top_tokens}")
+        stop_tokens: set[int] = set()
+        stop_strings: list[str] = []
+        for cond in stop_conditions or ():
+            if isinstance(cond, bool) or not isinstance(cond, (int, str)):
+                raise ValueError(
+                    f"stop_conditions may hold token ids (int) and strings, not {type(cond).__name__} ({cond!r})"
+                )
+            if isinstance(cond, int):
+                stop_tokens.add(cond)
+            elif cond:
+                stop_strings.append(cond)
+        for s in banned_strings or ():
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"banned_strings must be non-empty strings, got {s!r}")
+
+        self.max_new_tokens = max_new_tokens
+        self.min_new_tokens = min_new_tokens
+        self.max_skips = max_skips
+        self.gen_settings = gen_settings if gen_settings is not None else SamplerSettings()
+        self.seed = seed
+        self.stop_tokens = stop_tokens
+        self.stop_strings = tuple(stop_strings)
+        self.decode_special_tokens = decode_special_tokens
+        self.return_top_tokens = return_top_tokens
+        self.return_logits = return_logits
+        self.return_probs = return_probs
+        self.filters = filters
+        self.filter_prefer_eos = filter_prefer_eos
+        self.token_healing = token_healing
+        self.identifier = identifier
+        self.banned_strings = tuple(banned_strings or ())
+        self.embeddings = list(embeddings or ())
+
+        # Set by the generator.
+        self.serial: int | None = None
+        self.time_enqueued = time.perf_counter()
+
+    def __repr__(self) -> str:
+        ident = f" identifier={self.identifier!r}" if self.identifier is not None else ""
+        return f"<DynamicJob serial={self.serial}{ident} prompt={len(self.prompt_ids)} tokens>"
