@@ -23,8 +23,13 @@ from engine.models import Model
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     cfg = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
     )
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("tiny")

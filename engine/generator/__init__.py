@@ -1,0 +1,1 @@
+"""Dynamic generator: jobs, scheduling, sampling."""
