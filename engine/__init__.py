@@ -1,6 +1,21 @@
 """Tandem's inference engine: models, loading, tokenizer, paged KV cache, generator, sampler."""
 
 from engine.cache import Cache
+from engine.generator.dynamic import DynamicGenerator
+from engine.generator.dynamic_async import DynamicGeneratorAsync, DynamicJobAsync
+from engine.generator.job import DynamicJob
+from engine.generator.sampler import SamplerSettings
 from engine.models import Batch, Model
+from engine.tokenizer import Tokenizer
 
-__all__ = ["Batch", "Cache", "Model"]
+__all__ = [
+    "Batch",
+    "Cache",
+    "DynamicGenerator",
+    "DynamicGeneratorAsync",
+    "DynamicJob",
+    "DynamicJobAsync",
+    "Model",
+    "SamplerSettings",
+    "Tokenizer",
+]

@@ -85,7 +85,7 @@ def _from_gguf(path: Path) -> str | None:
     # Imported here so that templates of HF folders never load the gguf package.
     from engine.loading.gguf_file import GGUFFile
 
-    value = GGUFFile(path).metadata.get("tokenizer.chat_template")
+    value = GGUFFile.open(path).metadata.get("tokenizer.chat_template")
     if value is not None and not isinstance(value, str):
         raise CorruptFileError(f"{path}: tokenizer.chat_template is a {type(value).__name__}, not text.")
     return _nonblank(value)

@@ -113,7 +113,7 @@ class Tokenizer:
             if path.suffix.lower() == ".gguf":
                 from engine.loading.gguf_file import GGUFFile
 
-                return cls.from_gguf(GGUFFile(path))
+                return cls.from_gguf(GGUFFile.open(path))
             if path.name in ("tokenizer.json", "tokenizer.model"):
                 path = path.parent
             else:

@@ -71,7 +71,7 @@ class ExLlamaV2Config:
             from engine.loading.gguf_file import GGUFFile
 
             if self._gguf is None or self._gguf.path != path:  # examples call prepare() twice
-                self._gguf = GGUFFile(path)
+                self._gguf = GGUFFile.open(path)
             f = self._gguf
             config = _config_from_metadata(f.path, f.architecture, f.metadata, {t.name: t for t in f.tensors})
         else:

@@ -68,7 +68,7 @@ def load_gguf(
     """
     import gguf  # heavy import kept out of module import time
 
-    file = GGUFFile(path)
+    file = GGUFFile.open(path)
     path = file.path
     if file.reader.byte_order != "I":
         raise ModelLoadError(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +10,20 @@ from engine.errors import CorruptFileError, MissingFileError
 
 
 class GGUFFile:
-    """A memory-mapped GGUF file: `metadata` (key -> str/int/float/bool/list) and `tensors`."""
+    """A memory-mapped GGUF file: `metadata` (key -> str/int/float/bool/list) and `tensors`.
+
+    Use `GGUFFile.open(path)`: parsing the header of a model with a large vocabulary takes seconds, and
+    loading a model reads the same file for its config, weights, tokenizer and chat template.
+    """
+
+    @classmethod
+    def open(cls, path: str | Path) -> GGUFFile:
+        path = Path(path)
+        try:
+            stat = path.stat()
+        except OSError:
+            return cls(path)  # raises the clear MissingFileError
+        return _open_cached(path.resolve(), stat.st_mtime_ns, stat.st_size)
 
     def __init__(self, path: str | Path):
         import gguf  # heavy import kept out of module import time
@@ -45,3 +58,9 @@ class GGUFFile:
     @property
     def tensors(self) -> list:
         return self.reader.tensors
+
+
+@lru_cache(maxsize=2)
+def _open_cached(path: Path, mtime_ns: int, size: int) -> GGUFFile:
+    # Keyed by modification time and size, so a file replaced on disk is read again.
+    return GGUFFile(path)

@@ -53,21 +53,7 @@ def paged_attention(
     page_size = k_cache.shape[1]
     num_seqs = len(query_lens)
     if all(n == 1 for n in query_lens) and sliding_window is None:
-        # Decode: one query per sequence, so pad every sequence's keys to the longest and run one call.
-        max_pages = (max(seq_lens_host) + page_size - 1) // page_size
-        tables = block_tables[:, :max_pages]
-        k = k_cache[tables].view(num_seqs, max_pages * page_size, num_kv_heads, head_dim).transpose(1, 2)
-        v = v_cache[tables].view(num_seqs, max_pages * page_size, num_kv_heads, head_dim).transpose(1, 2)
-        valid = torch.arange(max_pages * page_size, device=q.device)[None, :] < seq_lens[:, None]
-        out = F.scaled_dot_product_attention(
-            q[:, :, None, :].to(k.dtype),  # [num_seqs, Hq, 1, D]
-            k,
-            v,
-            attn_mask=valid[:, None, None, :],
-            scale=scale,
-            enable_gqa=True,
-        )
-        return out[:, :, 0, :]
+        return _decode(q, k_cache, v_cache, block_tables, seq_lens, seq_lens_host, scale)
 
     out = torch.empty(q.shape, dtype=k_cache.dtype, device=q.device)
     start = 0
@@ -87,3 +73,23 @@ def paged_attention(
         out[start : start + q_len] = o.transpose(0, 1)
         start += q_len
     return out
+
+
+def _decode(q, k_cache, v_cache, block_tables, seq_lens, seq_lens_host, scale) -> torch.Tensor:
+    """One query per sequence: gather the pages in use, pad to the longest sequence, two batched matmuls."""
+    num_seqs, num_q_heads, head_dim = q.shape
+    num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
+    max_len = max(seq_lens_host)
+    num_pages = (max_len + page_size - 1) // page_size
+    pages = block_tables[:, :num_pages].reshape(-1)
+    shape = (num_seqs, num_pages * page_size, num_kv_heads, head_dim)
+    k = k_cache.index_select(0, pages).view(shape)[:, :max_len].permute(0, 2, 3, 1)  # [B, Hkv, D, L]
+    v = v_cache.index_select(0, pages).view(shape)[:, :max_len].transpose(1, 2)  # [B, Hkv, L, D]
+    # Query heads are grouped by the KV head they share: head h reads KV head h // group.
+    qg = q.view(num_seqs, num_kv_heads, num_q_heads // num_kv_heads, head_dim).to(k.dtype)
+    scores = torch.matmul(qg, k).float() * scale  # [B, Hkv, group, L]
+    if min(seq_lens_host) < max_len:
+        pad = torch.arange(max_len, device=q.device)[None, :] >= seq_lens[:, None]  # [B, L]
+        scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+    probs = scores.softmax(dim=-1).to(v.dtype)
+    return torch.matmul(probs, v).view(num_seqs, num_q_heads, head_dim)
