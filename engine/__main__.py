@@ -111,8 +111,11 @@ def cmd_generate(args) -> int:
     if last:
         log.info(
             "%d tokens, %.1f tok/s, prompt %d tokens (%d cached), stop: %s",
-            last["new_tokens"], last["new_tokens"] / max(last["time_generate"], 1e-9), last["prompt_tokens"],
-            last["cached_tokens"], last["eos_reason"],
+            last["new_tokens"],
+            last["new_tokens"] / max(last["time_generate"], 1e-9),
+            last["prompt_tokens"],
+            last["cached_tokens"],
+            last["eos_reason"],
         )
     return 0
 

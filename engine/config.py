@@ -78,7 +78,7 @@ class ModelConfig:
             if not archs:
                 raise ModelLoadError(
                     "config.json has no 'architectures' entry, so the model class is unknown. "
-                    "Add e.g. \"architectures\": [\"LlamaForCausalLM\"] to config.json."
+                    'Add e.g. "architectures": ["LlamaForCausalLM"] to config.json.'
                 )
             architecture = archs[0]
         # transformers >= 5 writes `rope_parameters` (with rope_theta inside) instead of `rope_scaling`.

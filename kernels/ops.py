@@ -32,7 +32,15 @@ def paged_attention(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     return dispatch.call(
-        "paged_attention", q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale,
+        "paged_attention",
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_lens,
+        seq_lens_host,
+        scale,
         sliding_window,
     )
 

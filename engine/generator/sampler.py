@@ -136,9 +136,7 @@ class SamplerSettings:
             if isinstance(token_id, bool) or not isinstance(token_id, Integral):
                 raise TypeError(f"disallow_tokens: token ids must be ints, got {token_id!r}")
             if not 0 <= token_id < vocab_size:
-                raise ValueError(
-                    f"disallow_tokens: token id {token_id} is outside the vocabulary [0, {vocab_size})"
-                )
+                raise ValueError(f"disallow_tokens: token id {token_id} is outside the vocabulary [0, {vocab_size})")
             ids.add(int(token_id))
         self.disallowed_tokens = frozenset(ids)
 
@@ -154,9 +152,7 @@ class SamplerSettings:
 def _number(name: str, value: Any, integer: bool) -> float | int:
     kind = Integral if integer else Real
     if isinstance(value, bool) or not isinstance(value, kind):
-        raise TypeError(
-            f"SamplerSettings.{name} must be {'an int' if integer else 'a number'}, got {value!r}"
-        )
+        raise TypeError(f"SamplerSettings.{name} must be {'an int' if integer else 'a number'}, got {value!r}")
     if integer:
         return int(value)
     value = float(value)
@@ -165,9 +161,7 @@ def _number(name: str, value: Any, integer: bool) -> float | int:
     return value
 
 
-def _ranged(
-    lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, integer: bool = False
-):
+def _ranged(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, integer: bool = False):
     def check(name: str, value: Any) -> float | int:
         value = _number(name, value, integer)
         too_low = lo is not None and (value <= lo if lo_open else value < lo)
@@ -356,9 +350,7 @@ class SamplerState:
         new = torch.as_tensor(token_ids, dtype=torch.int64).flatten()
         end = self._num_tokens + new.numel()
         if end > self._tokens.numel():
-            grown = torch.zeros(
-                max(end, 2 * self._tokens.numel()), dtype=torch.int64, device=self._tokens.device
-            )
+            grown = torch.zeros(max(end, 2 * self._tokens.numel()), dtype=torch.int64, device=self._tokens.device)
             grown[: self._num_tokens] = self.history
             self._tokens = grown
         self._tokens[self._num_tokens : end] = new.to(self._tokens.device)
@@ -426,9 +418,7 @@ def sample(
     row_max = logits.amax(dim=-1)
     if not bool(torch.isfinite(row_max).all()):
         bad = torch.nonzero(~torch.isfinite(row_max)).flatten().tolist()
-        raise ValueError(
-            f"sample: rows {bad} have no finite logit: every token is banned, or the logits hold NaN/inf"
-        )
+        raise ValueError(f"sample: rows {bad} have no finite logit: every token is banned, or the logits hold NaN/inf")
 
     token_ids = torch.empty(num_rows, dtype=torch.int64, device=device)
     token_probs = torch.empty(num_rows, dtype=torch.float64, device=device)
@@ -441,9 +431,7 @@ def sample(
         _sample_greedy(logits, greedy, settings, states, outputs)
     if sampled:
         _sample_rows(logits, sampled, settings, states, outputs)
-    return SampleOutput(
-        token_ids, token_probs.float(), top_ids, top_probs.float() if top_probs is not None else None
-    )
+    return SampleOutput(token_ids, token_probs.float(), top_ids, top_probs.float() if top_probs is not None else None)
 
 
 def _adjust_logits(
@@ -457,11 +445,7 @@ def _adjust_logits(
     ban_rows: list[int] = []
     ban_ids: list[int] = []
     for row, (s, state) in enumerate(zip(settings, states, strict=True)):
-        if (
-            s.token_repetition_penalty != 1.0
-            or s.token_frequency_penalty != 0.0
-            or s.token_presence_penalty != 0.0
-        ):
+        if s.token_repetition_penalty != 1.0 or s.token_frequency_penalty != 0.0 or s.token_presence_penalty != 0.0:
             steps.apply_penalties(
                 logits[row],
                 state._history_on(logits.device),
@@ -543,9 +527,7 @@ def _sample_rows(logits, rows, settings, states, outputs) -> None:
     cand = sub.gather(-1, order).double()  # [R, W]
 
     # One generator call per row: the XTC coin, then the draw point.
-    uniforms = torch.stack(
-        [torch.rand(2, generator=st.generator, dtype=torch.float64) for st in row_states]
-    ).to(device)
+    uniforms = torch.stack([torch.rand(2, generator=st.generator, dtype=torch.float64) for st in row_states]).to(device)
 
     def col(value: Callable[[SamplerSettings], float]) -> torch.Tensor:  # per-row parameter [R, 1]
         return torch.tensor([[float(value(s))] for s in row_settings], dtype=torch.float64, device=device)
@@ -582,9 +564,7 @@ def _sample_rows(logits, rows, settings, states, outputs) -> None:
         dynamic = (col(lambda s: s.min_temp), col(lambda s: s.max_temp), col(lambda s: s.temp_exponent))
         probs = steps.late_temperature(probs, late_temp, *dynamic)
     if any(s.xtc_probability > 0.0 for s in row_settings):
-        probs = steps.xtc(
-            probs, col(lambda s: s.xtc_threshold), col(lambda s: s.xtc_probability), uniforms[:, :1]
-        )
+        probs = steps.xtc(probs, col(lambda s: s.xtc_threshold), col(lambda s: s.xtc_probability), uniforms[:, :1])
     if any(s.skew != 0.0 for s in row_settings):
         probs = steps.skew(probs, col(lambda s: s.skew))
 

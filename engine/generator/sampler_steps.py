@@ -318,9 +318,7 @@ def late_temperature(
     return torch.where(active, reshaped, probs)
 
 
-def xtc(
-    probs: torch.Tensor, threshold: torch.Tensor, probability: torch.Tensor, coin: torch.Tensor
-) -> torch.Tensor:
+def xtc(probs: torch.Tensor, threshold: torch.Tensor, probability: torch.Tensor, coin: torch.Tensor) -> torch.Tensor:
     """Exclude Top Choices: when the row's ``coin < probability`` and at least two live tokens
     have ``p >= threshold``, remove all of them except the least probable (the last of them in
     candidate order). Rows with ``probability = 0`` are unchanged.

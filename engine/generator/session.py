@@ -83,8 +83,11 @@ class JobSession:
         """Sample every session's next token from its logits row -> per session (id, prob, top)."""
         k = max(s.job.return_top_tokens for s in sessions)
         out: SampleOutput = sample(
-            logits, [s.job.gen_settings for s in sessions], [s.state for s in sessions],
-            [s.blocked() for s in sessions], return_top_k=k,
+            logits,
+            [s.job.gen_settings for s in sessions],
+            [s.state for s in sessions],
+            [s.blocked() for s in sessions],
+            return_top_k=k,
         )
         ids = out.token_ids.tolist()  # the one designed sync of a step
         probs = out.token_probs.tolist()
@@ -165,7 +168,9 @@ class JobSession:
         if self.job.return_top_tokens:
             pairs = self.top[lo:hi]
             k = self.job.return_top_tokens
-            r["top_k_tokens"] = torch.stack([p[0] for p in pairs])[None] if pairs else torch.empty(1, 0, k, dtype=torch.long)
+            r["top_k_tokens"] = (
+                torch.stack([p[0] for p in pairs])[None] if pairs else torch.empty(1, 0, k, dtype=torch.long)
+            )
             r["top_k_probs"] = torch.stack([p[1] for p in pairs])[None] if pairs else torch.empty(1, 0, k)
         if self.job.return_logits:
             rows = self.logits[lo:hi]

@@ -109,15 +109,11 @@ def load_gguf(
             state_dict[hf_name] = values
         done_bytes += int(t.n_bytes)
         report(done_bytes / total_bytes)
-    log.info(
-        "loaded %d tensors of %s (%s) as %s on %s", len(state_dict), path, config.architecture, dtype, device
-    )
+    log.info("loaded %d tensors of %s (%s) as %s on %s", len(state_dict), path, config.architecture, dtype, device)
     return config, state_dict
 
 
-def _config_from_metadata(
-    path: Path, arch: str, metadata: dict[str, Any], tensors: dict[str, Any]
-) -> ModelConfig:
+def _config_from_metadata(path: Path, arch: str, metadata: dict[str, Any], tensors: dict[str, Any]) -> ModelConfig:
     """Build the Hugging Face style config dict llama.cpp's converter flattened into `{arch}.*` keys."""
     if arch not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
@@ -135,9 +131,7 @@ def _config_from_metadata(
         # Some converters store per-layer lists; these architectures use one value for all layers.
         if isinstance(value, list):
             if not value or len(set(value)) != 1:
-                raise ModelLoadError(
-                    f"{path}: {arch}.{key} varies per layer ({value}); Tandem needs one value."
-                )
+                raise ModelLoadError(f"{path}: {arch}.{key} varies per layer ({value}); Tandem needs one value.")
             value = value[0]
         return value
 
@@ -147,9 +141,7 @@ def _config_from_metadata(
     if vocab_size is None and "token_embd.weight" in tensors:
         vocab_size = int(tensors["token_embd.weight"].shape[-1])  # GGUF dims run innermost first
     if vocab_size is None:
-        raise CorruptFileError(
-            f"{path} has neither a vocabulary size nor token embeddings; it is not a model."
-        )
+        raise CorruptFileError(f"{path} has neither a vocabulary size nor token embeddings; it is not a model.")
     head_dim = get("attention.key_length")
     if head_dim is None and arch == "llama":
         head_dim = get("rope.dimension_count")  # llama ropes the whole head, so this is the head size
@@ -182,9 +174,7 @@ def _config_from_metadata(
         raise CorruptFileError(f"{path} has inconsistent model metadata: {e}") from None
 
 
-def _rope_scaling(
-    path: Path, kind: str | None, factor: float | None, legacy_factor: float | None
-) -> dict | None:
+def _rope_scaling(path: Path, kind: str | None, factor: float | None, legacy_factor: float | None) -> dict | None:
     if kind in (None, "none"):
         # Old files wrote only `rope.scale_linear`; llama.cpp still reads it as linear scaling.
         return {"rope_type": "linear", "factor": legacy_factor} if legacy_factor not in (None, 1.0) else None
@@ -299,9 +289,7 @@ def _select_tensors(path: Path, config: ModelConfig, tensors: dict[str, Any]) ->
             )
         selected.append((hf_name, t))
     if unknown:
-        log.warning(
-            "%s: ignoring %d tensors Tandem does not use: %s", path, len(unknown), ", ".join(unknown[:8])
-        )
+        log.warning("%s: ignoring %d tensors Tandem does not use: %s", path, len(unknown), ", ".join(unknown[:8]))
     present = {hf_name for hf_name, _ in selected}
     missing = [n for n in _required_names(config) if n not in present]
     if missing:

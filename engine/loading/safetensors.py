@@ -65,7 +65,9 @@ def load_safetensors(
             try:
                 t = handle.get_tensor(name)
             except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-                raise CorruptFileError(f"{shard}: tensor {name!r} cannot be read ({e}). Download the file again.") from None
+                raise CorruptFileError(
+                    f"{shard}: tensor {name!r} cannot be read ({e}). Download the file again."
+                ) from None
             # Integer tensors (e.g. quantization metadata) keep their type; floats take the compute dtype.
             tensors[name] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
             done += 1

@@ -62,8 +62,15 @@ class Attention(nn.Module):
         k_cache, v_cache = cache.k[self.layer_idx], cache.v[self.layer_idx]
         ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
         o = ops.paged_attention(
-            q, k_cache, v_cache, batch.block_tables, batch.seq_lens, batch.query_lens, batch.seq_lens_host,
-            self.scale, self.sliding_window,
+            q,
+            k_cache,
+            v_cache,
+            batch.block_tables,
+            batch.seq_lens,
+            batch.query_lens,
+            batch.seq_lens_host,
+            self.scale,
+            self.sliding_window,
         )
         return self.o_proj(o.reshape(-1, q_size).to(x.dtype))
 

@@ -48,9 +48,7 @@ class _Body(nn.Module):
     def __init__(self, config: ModelConfig, qkv_bias: bool, o_bias: bool):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, i, qkv_bias, o_bias) for i in range(config.num_hidden_layers)
-        )
+        self.layers = nn.ModuleList(DecoderLayer(config, i, qkv_bias, o_bias) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 

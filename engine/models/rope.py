@@ -25,7 +25,9 @@ def inverse_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None =
         high_wavelen = old_ctx / scaling.high_freq_factor
         smooth = (old_ctx / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
         blended = (1 - smooth) * inv / scaling.factor + smooth * inv
-        inv = torch.where(wavelen > low_wavelen, inv / scaling.factor, torch.where(wavelen < high_wavelen, inv, blended))
+        inv = torch.where(
+            wavelen > low_wavelen, inv / scaling.factor, torch.where(wavelen < high_wavelen, inv, blended)
+        )
     if freq_factors is not None:
         # GGUF files store llama3-style scaling as explicit per-frequency divisors.
         inv = inv / freq_factors.to(torch.float64)
@@ -40,7 +42,9 @@ class RotaryTable:
         self.cos = torch.empty(0)
         self.sin = torch.empty(0)
 
-    def lookup(self, positions: torch.Tensor, max_position: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def lookup(
+        self, positions: torch.Tensor, max_position: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token (cos, sin), each [num_tokens, head_dim], for positions all below `max_position`."""
         if self.cos.shape[0] < max_position or self.cos.device != positions.device or self.cos.dtype != dtype:
             n = max(max_position, 2 * self.cos.shape[0], 256)

@@ -12,7 +12,9 @@ def test_main_opens_a_titled_window(qapp):
     seen = []
 
     def check():
-        seen.extend(w.windowTitle() for w in QApplication.topLevelWidgets() if isinstance(w, QMainWindow) and w.isVisible())
+        seen.extend(
+            w.windowTitle() for w in QApplication.topLevelWidgets() if isinstance(w, QMainWindow) and w.isVisible()
+        )
         QApplication.quit()
 
     QTimer.singleShot(50, check)

@@ -6,8 +6,16 @@ import engine
 
 
 def test_public_names_are_importable():
-    for name in ("Model", "Tokenizer", "Cache", "DynamicGenerator", "DynamicJob", "DynamicGeneratorAsync",
-                 "DynamicJobAsync", "SamplerSettings"):
+    for name in (
+        "Model",
+        "Tokenizer",
+        "Cache",
+        "DynamicGenerator",
+        "DynamicJob",
+        "DynamicGeneratorAsync",
+        "DynamicJobAsync",
+        "SamplerSettings",
+    ):
         assert hasattr(engine, name), name
 
 
@@ -17,8 +25,12 @@ def test_readme_example(tiny_folder):
     model = Model.load(tiny_folder)
     cache = Cache(model, max_seq_len=1024, page_size=256)
     generator = DynamicGenerator(model, cache, model.tokenizer)
-    job = DynamicJob(model.tokenizer.encode("Once upon a time"), max_new_tokens=10,
-                     gen_settings=SamplerSettings(temperature=0.7), stop_conditions=[model.tokenizer.eos_token_id])
+    job = DynamicJob(
+        model.tokenizer.encode("Once upon a time"),
+        max_new_tokens=10,
+        gen_settings=SamplerSettings(temperature=0.7),
+        stop_conditions=[model.tokenizer.eos_token_id],
+    )
     generator.enqueue(job)
     texts = []
     while generator.num_remaining_jobs():

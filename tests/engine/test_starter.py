@@ -62,7 +62,12 @@ def test_greedy_chat_completions_equal_transformers(ours, theirs):
             # The pad id is <|im_end|>, which the template itself uses: an explicit mask stops generate()
             # from inferring one that hides those tokens.
             ref = hf_model.generate(
-                prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=48, min_new_tokens=48,
-                do_sample=False, eos_token_id=None, pad_token_id=hf_tok.pad_token_id,
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=48,
+                min_new_tokens=48,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=hf_tok.pad_token_id,
             )[0, prompt.shape[1] :].tolist()
         assert tokens[job.identifier] == ref, f"prompt {job.identifier}: {hf_tok.decode(ref)!r}"

@@ -86,7 +86,9 @@ def test_seeded_sampling_same_alone_and_batched(tiny_model):
     together = Run(make_gen(tiny_model), [job(i) for i in range(6)], arrivals=[0, 0, 1, 3, 3, 7])
     for i in range(6):
         assert together.ids(i) == Run(make_gen(tiny_model), [job(i)]).ids(i)
-    assert together.ids(0) != Run(make_gen(tiny_model), [DynamicJob(torch.tensor([prompts[0]]), 20, gen_settings=settings, seed=7, identifier=0)]).ids(0)
+    assert together.ids(0) != Run(
+        make_gen(tiny_model), [DynamicJob(torch.tensor([prompts[0]]), 20, gen_settings=settings, seed=7, identifier=0)]
+    ).ids(0)
 
 
 def test_prefix_cache_reuses_pages_and_matches_cold(tiny_model):
@@ -189,8 +191,17 @@ def test_result_stages_and_keys(tiny_model):
         assert r["logits"].shape == (1, n, tiny_model.config.vocab_size)
         assert r["serial"] == job.serial and r["job"] is job
     eos = run.eos("k")
-    for key in ("full_completion", "new_tokens", "prompt_tokens", "cached_tokens", "cached_pages",
-                "time_enqueued", "time_prefill", "time_generate", "held"):
+    for key in (
+        "full_completion",
+        "new_tokens",
+        "prompt_tokens",
+        "cached_tokens",
+        "cached_pages",
+        "time_enqueued",
+        "time_prefill",
+        "time_generate",
+        "held",
+    ):
         assert key in eos
     assert eos["prompt_tokens"] == 50 and eos["new_tokens"] == 5
 
@@ -243,8 +254,9 @@ def test_generate_waits_only_for_its_own_jobs(tiny_model):
     other = greedy_job([9] * 10, 30, "other")
     gen.enqueue(other)
     gen.iterate()
-    text = gen.generate("The quick brown", max_new_tokens=8, gen_settings=SamplerSettings.greedy(),
-                        completion_only=True)
+    text = gen.generate(
+        "The quick brown", max_new_tokens=8, gen_settings=SamplerSettings.greedy(), completion_only=True
+    )
     assert isinstance(text, str) and text
     assert gen.num_remaining_jobs() == 1
     rest = []

@@ -35,7 +35,10 @@ def test_gather_eight_jobs_equal_sync_runs(tiny_model):
 
     async def main():
         gen = make(tiny_model)
-        jobs = [DynamicJobAsync(gen, torch.tensor([p]), 12, gen_settings=GREEDY, identifier=i) for i, p in enumerate(prompts)]
+        jobs = [
+            DynamicJobAsync(gen, torch.tensor([p]), 12, gen_settings=GREEDY, identifier=i)
+            for i, p in enumerate(prompts)
+        ]
         out = await asyncio.gather(*(collect(j) for j in jobs))
         await gen.close()
         return out

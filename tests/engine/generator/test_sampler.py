@@ -252,9 +252,7 @@ def test_each_step_matches_reference(case: str, vocab_size: int) -> None:
         assert all(probs[t] == 0.0 for t in range(vocab_size) if logits[t] == NEG_INF)
 
 
-@pytest.mark.parametrize(
-    "case", ["top_p_09", "min_p_005", "min_p_09", "typical_08", "tfs_095", "skew_pos", "xtc_half"]
-)
+@pytest.mark.parametrize("case", ["top_p_09", "min_p_005", "min_p_09", "typical_08", "tfs_095", "skew_pos", "xtc_half"])
 def test_large_vocab_full_sort_path_matches_reference(case: str) -> None:
     """top_k = 0 over 3000 tokens: the sampler sorts everything, then trims the dead tail."""
     s = neutral(**STEP_CASES[case])
@@ -291,9 +289,7 @@ def test_tail_free_drops_the_last_token_when_all_are_live() -> None:
 
 
 def test_draw_never_picks_a_zero_probability_column() -> None:
-    probs = torch.tensor(
-        [[0.0, 0.5, 0.5, 0.0], [0.25, 0.75, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]], dtype=torch.float64
-    )
+    probs = torch.tensor([[0.0, 0.5, 0.5, 0.0], [0.25, 0.75, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]], dtype=torch.float64)
     low = torch.zeros(3, 1, dtype=torch.float64)
     high = torch.full((3, 1), 1.0 - 2.0**-53, dtype=torch.float64)
     assert steps.draw(probs, low).tolist() == [1, 0, 2]

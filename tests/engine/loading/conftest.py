@@ -48,9 +48,7 @@ def tiny_model(architecture: str, seed: int = 0, **config) -> torch.nn.Module:
     import transformers
 
     cls = getattr(transformers, architecture)
-    hf_config = cls.config_class(
-        vocab_size=VOCAB_SIZE, bos_token_id=1, eos_token_id=2, pad_token_id=0, **config
-    )
+    hf_config = cls.config_class(vocab_size=VOCAB_SIZE, bos_token_id=1, eos_token_id=2, pad_token_id=0, **config)
     torch.manual_seed(seed)
     model = cls(hf_config).eval()
     with torch.no_grad():

@@ -34,9 +34,7 @@ LLAMA_BLOCK32 = dict(
 LLAMA_BLOCK256 = dict(
     hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2
 )
-QWEN2 = dict(
-    hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
-)
+QWEN2 = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 # transformers' GGUF reader ignores qwen3's attention.key_length and keeps Qwen3Config's head_dim of 128
 QWEN3 = dict(
     hidden_size=64,
@@ -88,9 +86,7 @@ def assert_config_matches(config, hf_config):
     assert config.num_hidden_layers == hf_config.num_hidden_layers
     assert config.num_attention_heads == hf_config.num_attention_heads
     assert config.num_key_value_heads == hf_config.num_key_value_heads
-    assert config.head_dim == getattr(
-        hf_config, "head_dim", hf_config.hidden_size // hf_config.num_attention_heads
-    )
+    assert config.head_dim == getattr(hf_config, "head_dim", hf_config.hidden_size // hf_config.num_attention_heads)
     assert config.rms_norm_eps == hf_config.rms_norm_eps
     assert config.rope_theta == hf_config.rope_parameters["rope_theta"]
     assert config.rope_scaling is None
@@ -312,9 +308,7 @@ def test_truncated_file_fails_cleanly(gguf_kit, tmp_path, where):
     "content",
     [
         pytest.param(lambda rng: rng.bytes(4096), id="random-bytes"),
-        pytest.param(
-            lambda rng: b"GGUF" + np.uint32(3).tobytes() + rng.bytes(4096), id="gguf-magic-then-random"
-        ),
+        pytest.param(lambda rng: b"GGUF" + np.uint32(3).tobytes() + rng.bytes(4096), id="gguf-magic-then-random"),
         pytest.param(lambda rng: b"GGUF" + np.uint32(3).tobytes() + bytes(16), id="header-only-no-arch"),
         pytest.param(lambda rng: b'{"architectures": ["LlamaForCausalLM"]}', id="json"),
     ],
@@ -370,9 +364,7 @@ def test_missing_lm_head_is_tied_not_an_error(gguf_kit):
 
 def test_wrong_shape(gguf_kit):
     wrong = np.zeros((24, LLAMA_ODD["hidden_size"]), np.float32)  # 1 kv head of 16 rows expected
-    written = gguf_kit.write(
-        gguf_kit.model("LlamaForCausalLM", **LLAMA_ODD), replace={"blk.1.attn_v.weight": wrong}
-    )
+    written = gguf_kit.write(gguf_kit.model("LlamaForCausalLM", **LLAMA_ODD), replace={"blk.1.attn_v.weight": wrong})
     with pytest.raises(TensorMismatchError, match=r"blk\.1\.attn_v\.weight") as err:
         load_gguf(written.path)
     assert "[24, 48]" in str(err.value) and "[16, 48]" in str(err.value)
@@ -387,9 +379,7 @@ def test_type_that_cannot_be_dequantized(gguf_kit):
 
 
 def test_missing_metadata_key(gguf_kit):
-    written = gguf_kit.write(
-        gguf_kit.model("LlamaForCausalLM", **LLAMA_ODD), drop_metadata=("llama.embedding_length",)
-    )
+    written = gguf_kit.write(gguf_kit.model("LlamaForCausalLM", **LLAMA_ODD), drop_metadata=("llama.embedding_length",))
     with pytest.raises(CorruptFileError, match="llama.embedding_length"):
         load_gguf(written.path)
 

