@@ -6,8 +6,6 @@ import os
 import subprocess
 import sys
 
-import torch
-
 from engine.cache import Cache
 from engine.chat_template import ChatTemplate
 from engine.generator.dynamic import DynamicGenerator
