@@ -1,8 +1,7 @@
-"""Build a `tokenizers.Tokenizer` from a sentencepiece `tokenizer.model`, without protobuf or sentencepiece.
+"""Build a `tokenizers.Tokenizer` from a sentencepiece `tokenizer.model`.
 
-A `tokenizer.model` is a serialized `ModelProto`. We read the few fields a tokenizer needs straight
-from the protobuf wire format, then rebuild the pipeline the way `transformers` converts a Llama-style
-sentencepiece model (so encodings match it token for token):
+A `tokenizer.model` is a serialized `ModelProto`: sentencepiece's own schema reads it, and we rebuild
+the pipeline the way `transformers` converts a Llama-style sentencepiece model (so encodings match it token for token):
 
     pieces (id order) -> BPE vocab + merges (merge rank = rank of the merged piece)
     text -> Metaspace pre-tokenizer ("▁" for spaces, "▁" prepended to the first segment only)
@@ -14,7 +13,6 @@ Unigram models (rare among chat models) become a `tokenizers` Unigram model with
 from __future__ import annotations
 
 import logging
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,91 +44,38 @@ class SpmModel:
         return self.pieces[idx] if 0 <= idx < len(self.pieces) else None
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise ValueError("truncated varint")
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
-
-
-def _fields(buf: bytes):
-    """Yield (field_number, wire_type, value) for one protobuf message; value is int or bytes."""
-    pos = 0
-    while pos < len(buf):
-        key, pos = _varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(buf, pos)
-        elif wire == 1:
-            value, pos = buf[pos : pos + 8], pos + 8
-        elif wire == 2:
-            length, pos = _varint(buf, pos)
-            value, pos = buf[pos : pos + length], pos + length
-        elif wire == 5:
-            value, pos = buf[pos : pos + 4], pos + 4
-        else:
-            raise ValueError(f"unsupported wire type {wire}")
-        if pos > len(buf):
-            raise ValueError("truncated message")
-        yield number, wire, value
-
-
-def _int32(value: int) -> int:
-    # negative int32 values are written as 64-bit two's complement varints
-    value &= (1 << 64) - 1
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
 def parse_spm_model(data: bytes) -> SpmModel:
-    """Parse a serialized sentencepiece ModelProto. Raises ValueError on malformed bytes."""
-    model = SpmModel()
-    for number, wire, value in _fields(data):
-        if number == 1 and wire == 2:  # repeated SentencePiece pieces
-            piece, score, kind = None, 0.0, PIECE_NORMAL
-            for n, w, v in _fields(value):
-                if n == 1 and w == 2:
-                    piece = v.decode("utf-8")
-                elif n == 2 and w == 5:
-                    score = struct.unpack("<f", v)[0]
-                elif n == 3 and w == 0:
-                    kind = v
-            if piece is None:
-                raise ValueError(f"piece {len(model.pieces)} has no text")
-            model.pieces.append(piece)
-            model.scores.append(score)
-            model.types.append(kind)
-        elif number == 2 and wire == 2:  # TrainerSpec
-            for n, w, v in _fields(value):
-                if w != 0:
-                    continue
-                if n == 3:
-                    model.model_type = v
-                elif n == 35:
-                    model.byte_fallback = bool(v)
-                elif n in (40, 41, 42, 43):
-                    setattr(model, {40: "unk_id", 41: "bos_id", 42: "eos_id", 43: "pad_id"}[n], _int32(v))
-        elif number == 3 and wire == 2:  # NormalizerSpec
-            for n, w, v in _fields(value):
-                if n == 3 and w == 0:
-                    model.add_dummy_prefix = bool(v)
-    if not model.pieces:
+    """Parse a serialized sentencepiece ModelProto with sentencepiece's own schema. ValueError on bad bytes."""
+    from google.protobuf.message import DecodeError
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except DecodeError as e:
+        raise ValueError(str(e) or "malformed protobuf") from None
+    if not proto.pieces:
         raise ValueError("the model has no pieces")
-    return model
+    trainer, normalizer = proto.trainer_spec, proto.normalizer_spec
+    return SpmModel(
+        pieces=[p.piece for p in proto.pieces],
+        scores=[p.score for p in proto.pieces],
+        types=[p.type for p in proto.pieces],
+        model_type=trainer.model_type,
+        byte_fallback=trainer.byte_fallback,
+        unk_id=trainer.unk_id,
+        bos_id=trainer.bos_id,
+        eos_id=trainer.eos_id,
+        pad_id=trainer.pad_id,
+        add_dummy_prefix=normalizer.add_dummy_prefix,
+    )
 
 
 def read_spm_model(path: Path) -> SpmModel:
     """Read and parse `path`; raise TokenizerLoadError naming the file when it is not a sentencepiece model."""
     try:
         return parse_spm_model(path.read_bytes())
-    except (ValueError, UnicodeDecodeError, struct.error) as e:
+    except (ValueError, UnicodeDecodeError) as e:
         raise TokenizerLoadError(
             f"{path} is not a readable sentencepiece model ({e}). It may be truncated or a different "
             "file under the same name; download the model's tokenizer files again."
