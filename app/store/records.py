@@ -1,0 +1,57 @@
+"""Plain dataclasses the store hands out; ids are ints, times are Unix seconds (float)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Chat:
+    """One saved conversation. ``kind`` is "chat" or "compare"; ``settings`` holds sampler settings."""
+
+    id: int
+    title: str
+    kind: str
+    system_prompt: str
+    settings: dict[str, Any]
+    model: str | None
+    created_at: float
+    updated_at: float
+
+
+@dataclass
+class Message:
+    """One turn. ``images`` are attachment shas (see ``Store.attachment_path``); ``column`` is a compare
+    run's column (0..3) or None in a plain chat; ``complete`` is False while an answer streams or when
+    it was stopped or cut off by a crash."""
+
+    id: int
+    chat_id: int
+    role: str
+    text: str
+    images: list[str] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    column: int | None = None
+    complete: bool = True
+    created_at: float = 0.0
+
+
+@dataclass
+class Preset:
+    """Named sampler settings: SamplerSettings field names -> values, optionally "seed"/"max_new_tokens"."""
+
+    name: str
+    settings: dict[str, Any]
+    builtin: bool
+
+
+@dataclass
+class ModelEntry:
+    """A model the user added: a folder or GGUF path (or hub id), its display name and where it came from."""
+
+    path: str
+    name: str
+    kind: str
+    added_at: float
