@@ -76,20 +76,23 @@ def paged_attention(
 
 
 def _decode(q, k_cache, v_cache, block_tables, seq_lens, seq_lens_host, scale) -> torch.Tensor:
-    """One query per sequence: gather the pages in use, pad to the longest sequence, two batched matmuls."""
+    """One query per sequence: gather the pages in use, pad to whole pages, two batched matmuls.
+
+    The key length is padded to whole pages (and masked) so the matmul shapes change only when a page
+    fills up: CPU bf16 matmuls build a kernel per new shape, which costs far more than the padding.
+    """
     num_seqs, num_q_heads, head_dim = q.shape
     num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
-    max_len = max(seq_lens_host)
-    num_pages = (max_len + page_size - 1) // page_size
+    num_pages = (max(seq_lens_host) + page_size - 1) // page_size
+    length = num_pages * page_size
     pages = block_tables[:, :num_pages].reshape(-1)
-    shape = (num_seqs, num_pages * page_size, num_kv_heads, head_dim)
-    k = k_cache.index_select(0, pages).view(shape)[:, :max_len].permute(0, 2, 3, 1)  # [B, Hkv, D, L]
-    v = v_cache.index_select(0, pages).view(shape)[:, :max_len].transpose(1, 2)  # [B, Hkv, L, D]
+    shape = (num_seqs, length, num_kv_heads, head_dim)
+    k = k_cache.index_select(0, pages).view(shape).permute(0, 2, 3, 1)  # [B, Hkv, D, L]
+    v = v_cache.index_select(0, pages).view(shape).transpose(1, 2)  # [B, Hkv, L, D]
     # Query heads are grouped by the KV head they share: head h reads KV head h // group.
     qg = q.view(num_seqs, num_kv_heads, num_q_heads // num_kv_heads, head_dim).to(k.dtype)
     scores = torch.matmul(qg, k).float() * scale  # [B, Hkv, group, L]
-    if min(seq_lens_host) < max_len:
-        pad = torch.arange(max_len, device=q.device)[None, :] >= seq_lens[:, None]  # [B, L]
-        scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+    pad = torch.arange(length, device=q.device)[None, :] >= seq_lens[:, None]  # [B, L]
+    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
     probs = scores.softmax(dim=-1).to(v.dtype)
     return torch.matmul(probs, v).view(num_seqs, num_q_heads, head_dim)
