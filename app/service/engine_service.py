@@ -1,0 +1,543 @@
+"""EngineService: the app's one bridge to the engine — the loaded model, its cache, and one async generator.
+
+    GUI thread (qasync event loop)                  loader thread               engine thread
+    load_model(path) -> task  --- start --------->  fetch / download (opt.)
+        loading_progress  <--- call_soon_threadsafe  Model.load, tokenizer,
+                                                     cache
+        swap: new generator in, old jobs cancelled, old generator closed ---->  (old thread ends)
+    start_job(...) -> DynamicJobAsync  ------------------------------------->  iterate() (forward passes)
+    async for result in job  <---------------------- call_soon_threadsafe ---  results
+
+Every signal is emitted on the GUI thread: worker threads hand their news to the event loop with
+call_soon_threadsafe, so no receiver ever runs on a worker thread and no forward pass runs on the GUI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from PySide6.QtCore import QObject, Signal
+
+from app.service.catalog import download_from_hub, model_display_name
+from engine import Cache, DynamicGeneratorAsync, DynamicJobAsync, Model, SamplerSettings, Tokenizer
+from engine.chat_template import ChatTemplate
+from engine.config import ModelConfig
+from engine.errors import ChatTemplateError, ModelLoadError
+from engine.loading.starter import fetch_starter, starter_path
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Progress = Callable[[float], None]
+Resolve = Callable[[Progress], Path]  # runs on the loader thread: fetch or download, return what to load
+
+PAGE_SIZE = 256
+MAX_CACHE_TOKENS = 32768
+# Share of the free memory (after the weights are in) that the KV cache may take.
+CACHE_MEMORY_SHARE = 0.25
+# Chats that fit in the cache at the model's full context: the cache serves this many long chats at once.
+CONCURRENT_CHATS = 4
+# Top of the weights phase of the progress bar; the rest covers tokenizer and cache, 1.0 means ready.
+_WEIGHTS_END = 0.9
+
+# Settings-dict keys that are not SamplerSettings fields; start_job takes them as arguments instead.
+JOB_KEYS = frozenset({"seed", "max_new_tokens"})
+SAMPLER_KEYS = frozenset(f.name for f in dataclasses.fields(SamplerSettings))
+
+
+# ------------------------------------------------------------------------------------------- pure helpers
+
+
+def sampler_settings(settings: Mapping[str, Any]) -> SamplerSettings:
+    """SamplerSettings from a JSON-style settings dict (the store's and the sampler panel's form).
+
+    Keys are SamplerSettings field names, plus "seed" and "max_new_tokens", which are ignored here
+    (start_job takes them as arguments). JSON forms are accepted: `token_bias` with string token ids,
+    lists for `disallowed_tokens` and `dry_sequence_breakers`. Raises ValueError naming an unknown key
+    or a bad value.
+    """
+    unknown = sorted(set(settings) - SAMPLER_KEYS - JOB_KEYS)
+    if unknown:
+        raise ValueError(
+            f"unknown sampler setting(s) {', '.join(map(repr, unknown))}; "
+            f"known settings are {', '.join(sorted(SAMPLER_KEYS | JOB_KEYS))}"
+        )
+    values = {k: v for k, v in settings.items() if k in SAMPLER_KEYS}
+    bias = values.get("token_bias")
+    if isinstance(bias, Mapping):
+        try:  # JSON object keys are strings
+            values["token_bias"] = {int(k): v for k, v in bias.items()}
+        except (TypeError, ValueError):
+            raise ValueError(f"token_bias keys must be token ids, got {sorted(map(str, bias))[:5]}") from None
+    try:
+        return SamplerSettings(**values)
+    except TypeError as e:  # a value of the wrong type is still a bad value for the caller
+        raise ValueError(str(e)) from None
+
+
+def plan_cache_tokens(
+    context_length: int,
+    bytes_per_token: int,
+    free_bytes: int | None,
+    page_size: int = PAGE_SIZE,
+    max_tokens: int = MAX_CACHE_TOKENS,
+) -> int:
+    """Tokens of KV cache to allocate: room for CONCURRENT_CHATS chats at full context, bounded by memory.
+
+    min(context_length * 4, max_tokens), then at most CACHE_MEMORY_SHARE of `free_bytes`, rounded down
+    to whole pages (at least one). In bfloat16, 32768 tokens take 0.75 GB for SmolLM2-135M and 4 GB for
+    Llama-3-8B; several chats rarely all reach the full context, and pages are shared across turns.
+    """
+    tokens = min(context_length * CONCURRENT_CHATS, max_tokens)
+    if free_bytes is not None and bytes_per_token > 0:
+        tokens = min(tokens, int(free_bytes * CACHE_MEMORY_SHARE) // bytes_per_token)
+    return max(page_size, tokens // page_size * page_size)
+
+
+def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes one token takes in the KV cache: keys and values of every layer."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * itemsize
+
+
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Memory free for new tensors on `device`, or None when the platform does not say."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:  # Linux: MemAvailable counts reclaimable page cache, unlike the sysconf free-page count
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+# ------------------------------------------------------------------------------------------------ service
+
+
+@dataclasses.dataclass
+class _Loaded:
+    """A model ready to serve: everything the loader thread built."""
+
+    path: Path
+    name: str
+    model: Model
+    tokenizer: Tokenizer
+    template: ChatTemplate
+    cache: Cache
+    context_length: int
+
+
+class _FetchFailed(Exception):
+    """Wraps an error raised while fetching or downloading, so its message can say so."""
+
+
+class _LoadFailed(Exception):
+    """Wraps an error raised while loading `path`, so the message can name the file."""
+
+    def __init__(self, path: Path):
+        super().__init__(str(path))
+        self.path = path
+
+
+class EngineService(QObject):
+    """Owns the loaded model, its Cache and one DynamicGeneratorAsync; the GUI's only way to the engine.
+
+    Needs an asyncio event loop on the GUI thread (qasync). `load_model` returns at once; the load runs
+    on a loader thread and reports through the signals. Loads run one after another; a request that is
+    replaced by a newer one before it starts is skipped. Until a new model is ready the previous one
+    keeps serving, and stays when the load fails.
+    """
+
+    loading_started = Signal(str)  # display name of the model being loaded
+    loading_progress = Signal(float)  # 0..1, increasing; 1.0 just before model_loaded
+    model_loaded = Signal(str)
+    load_failed = Signal(str)  # a message for the window; the previous model is still loaded
+    jobs_stopped = Signal()  # every job of the previous model has ended (model switch or close)
+
+    def __init__(
+        self,
+        parent: QObject | None = None,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | str | None = None,
+        page_size: int = PAGE_SIZE,
+        max_cache_tokens: int = MAX_CACHE_TOKENS,
+    ):
+        super().__init__(parent)
+        self._device = torch.device(device) if device is not None else default_device()
+        self._dtype = dtype
+        self._page_size = page_size
+        self._max_cache_tokens = max_cache_tokens
+        self._loaded: _Loaded | None = None
+        self._generator: DynamicGeneratorAsync | None = None
+        self._jobs: weakref.WeakSet[DynamicJobAsync] = weakref.WeakSet()  # jobs of the current generator
+        self._load_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones
+        self._latest_task: asyncio.Task | None = None
+        self._swap: asyncio.Future | None = None  # the latest model swap (it outlives a cancelled load)
+        self._requests = 0  # numbers load requests; only the newest waiting one runs
+        self._progress_request = -1
+        self._last_progress = -1.0
+        self._closed = False
+
+    # --- state -------------------------------------------------------------------------------------------
+
+    @property
+    def model(self) -> Model | None:
+        return self._loaded.model if self._loaded else None
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return self._loaded.tokenizer if self._loaded else None
+
+    @property
+    def model_name(self) -> str | None:
+        return self._loaded.name if self._loaded else None
+
+    @property
+    def model_path(self) -> Path | None:
+        """The folder or .gguf file the current model came from (for remembering it in the store)."""
+        return self._loaded.path if self._loaded else None
+
+    @property
+    def context_length(self) -> int:
+        """Tokens one chat may hold: the model's context, capped by the cache; 0 with no model."""
+        return self._loaded.context_length if self._loaded else 0
+
+    @property
+    def can_see_images(self) -> bool:
+        return False  # every supported model is text-only until issue [D]
+
+    @property
+    def is_loaded(self) -> bool:
+        return self._loaded is not None
+
+    @property
+    def is_loading(self) -> bool:
+        return any(not t.done() for t in self._tasks)
+
+    # --- loading -----------------------------------------------------------------------------------------
+
+    def load_model(self, path: str | Path, name: str | None = None) -> asyncio.Task[bool]:
+        """Start loading a Hugging Face folder or a .gguf file; returns the task (True when it got loaded)."""
+        path = Path(path).expanduser()
+        return self._start(lambda report: path, name or model_display_name(path), fetch_share=0.0)
+
+    def fetch_and_load_starter(self) -> asyncio.Task[bool]:
+        """Load the starter model, fetching it first (first half of the progress bar) when it is absent."""
+        target = starter_path()
+        return self._start(
+            lambda report: fetch_starter(progress=report),
+            model_display_name(target),
+            fetch_share=0.0 if target.is_file() else 0.5,
+            explain_fetch=_starter_failure,
+        )
+
+    def download_and_load(
+        self, repo_id: str, dest_dir: str | Path | None = None, filename: str | None = None
+    ) -> asyncio.Task[bool]:
+        """Download a model from the Hugging Face Hub (catalog.download_from_hub), then load it.
+
+        `dest_dir` defaults to the models folder; `filename` picks one .gguf of a repo holding several.
+        Offline, load_failed says so within seconds.
+        """
+        from engine.paths import models_dir
+
+        def resolve(report: Progress) -> Path:
+            return download_from_hub(repo_id, dest_dir or models_dir(), report, filename=filename)
+
+        name = Path(filename).stem if filename else repo_id.rsplit("/", 1)[-1]
+        return self._start(resolve, name, fetch_share=0.5, explain_fetch=lambda e: f"Could not download {repo_id}: {e}")
+
+    async def wait_loaded(self) -> bool:
+        """Wait until no load is pending; True when the most recently requested load succeeded."""
+        while self._latest_task is not None:
+            task = self._latest_task
+            try:
+                ok = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if not task.cancelled():
+                    raise  # the waiter itself was cancelled
+                ok = False  # close() cancelled the load
+            if task is self._latest_task:
+                return ok
+        return self.is_loaded
+
+    def _start(
+        self,
+        resolve: Resolve,
+        name: str,
+        fetch_share: float,
+        explain_fetch: Callable[[Exception], str] | None = None,
+    ) -> asyncio.Task[bool]:
+        if self._closed:
+            raise RuntimeError("this EngineService is closed; create a new one to load models")
+        self._requests += 1
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called before the qasync loop runs: the task starts when it does
+            loop = asyncio.get_event_loop()
+        coro = self._load(self._requests, resolve, name, fetch_share, explain_fetch or str)
+        task = loop.create_task(coro, name=f"load {name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self._latest_task = task
+        return task
+
+    async def _load(
+        self, request: int, resolve: Resolve, name: str, fetch_share: float, explain_fetch: Callable[[Exception], str]
+    ) -> bool:
+        async with self._load_lock:  # one load at a time: at most two models (old + new) in memory
+            if request != self._requests or self._closed:
+                log.info("skipping the load of %s: a newer load was requested or the service closed", name)
+                return False
+            self._progress_request, self._last_progress = request, -1.0
+            self.loading_started.emit(name)
+            report_fetch = self._progress_reporter(request, 0.0, fetch_share)
+            report_weights = self._progress_reporter(request, fetch_share, _WEIGHTS_END)
+            try:
+                loaded = await _in_thread(self._prepare, resolve, name, report_fetch, report_weights)
+                if self._closed:
+                    return False
+                self._swap = asyncio.ensure_future(self._install(loaded))
+                await asyncio.shield(self._swap)  # close() arriving now must not cut the swap in half
+            except _FetchFailed as e:
+                self.load_failed.emit(explain_fetch(e.__cause__ or e))
+                return False
+            except _LoadFailed as e:
+                self.load_failed.emit(_load_failure(e.__cause__ or e, name, e.path))
+                return False
+            except Exception as e:
+                self.load_failed.emit(_load_failure(e, name, None))
+                return False
+            self._on_progress(request, 1.0)
+            log.info("%s ready: context %d tokens", name, loaded.context_length)
+            self.model_loaded.emit(name)
+            return True
+
+    def _prepare(self, resolve: Resolve, name: str, report_fetch: Progress, report_weights: Progress) -> _Loaded:
+        """Loader thread: everything slow, so the GUI only swaps references."""
+        try:
+            path = Path(resolve(report_fetch))
+        except Exception as e:
+            raise _FetchFailed(str(e)) from e
+        try:
+            model = Model.load(path, device=self._device, dtype=self._dtype, progress=report_weights)
+            tokenizer = model.tokenizer
+            template = _chat_template(tokenizer, path)
+            model_context = model.config.max_position_embeddings
+            num_tokens = plan_cache_tokens(
+                model_context,
+                kv_bytes_per_token(model.config, model.dtype),
+                free_memory_bytes(model.device),
+                self._page_size,
+                self._max_cache_tokens,
+            )
+            cache = Cache(model, num_tokens, page_size=self._page_size)
+        except Exception as e:
+            raise _LoadFailed(path) from e
+        return _Loaded(path, name, model, tokenizer, template, cache, min(model_context, num_tokens))
+
+    def _progress_reporter(self, request: int, low: float, high: float) -> Progress:
+        """A progress callback for a worker thread, mapping its 0..1 onto [low, high] of the bar."""
+        loop = asyncio.get_running_loop()
+
+        def report(fraction: float) -> None:
+            value = low + (high - low) * min(max(float(fraction), 0.0), 1.0)
+            try:
+                loop.call_soon_threadsafe(self._on_progress, request, value)
+            except RuntimeError:
+                pass  # the loop is closed: the app is shutting down
+
+        return report
+
+    def _on_progress(self, request: int, value: float) -> None:
+        if request == self._progress_request and value > self._last_progress:
+            self._last_progress = value
+            self.loading_progress.emit(value)
+
+    async def _install(self, loaded: _Loaded) -> None:
+        """Serve from `loaded` from now on; stop and close the previous model's generator."""
+        generator = DynamicGeneratorAsync(
+            loaded.model, loaded.cache, loaded.tokenizer, max_seq_len=loaded.context_length
+        )
+        old_generator, old_jobs = self._generator, list(self._jobs)
+        # New jobs go to the new generator from here on, even while the old one is being stopped.
+        self._loaded, self._generator, self._jobs = loaded, generator, weakref.WeakSet()
+        if old_generator is not None:
+            await self._retire(old_generator, old_jobs)
+
+    async def _retire(self, generator: DynamicGeneratorAsync, jobs: Sequence[DynamicJobAsync]) -> None:
+        # Cancel first (it marks job.cancelled and frees the pages), then close to end the engine thread.
+        await asyncio.gather(*(job.cancel() for job in jobs if job.generator is generator), return_exceptions=True)
+        await generator.close()
+        # The UI may keep finished jobs, and each points at its generator: drop the old model and cache
+        # from it so their memory is freed now rather than when the last tab lets go.
+        generator.generator = None
+        if self._device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.jobs_stopped.emit()
+
+    # --- prompts and jobs --------------------------------------------------------------------------------
+
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]], system_prompt: str = "") -> torch.Tensor:
+        """Token ids [1, n] of a conversation in the model's chat template, ending with the reply prompt.
+
+        `messages` are {"role", "content"} dicts; a non-empty `system_prompt` goes first as a system
+        message. Special-token text in the rendered template becomes special tokens. Raises
+        ChatTemplateError when the template rejects the conversation, RuntimeError with no model.
+        """
+        loaded = self._require_model()
+        if system_prompt:
+            messages = [{"role": "system", "content": system_prompt}, *messages]
+        text = loaded.template.render(messages, add_generation_prompt=True)
+        tokenizer = loaded.tokenizer
+        # Templates usually write BOS themselves; add it only where the model wants it and the text lacks it.
+        bos = tokenizer.bos_token
+        add_bos = tokenizer.add_bos_token and not (bos and text.startswith(bos))
+        return tokenizer.encode(text, add_bos=add_bos, encode_special_tokens=True)
+
+    def count_tokens(self, messages: Sequence[Mapping[str, Any]], system_prompt: str = "") -> int:
+        """Prompt length in tokens of `encode_chat(messages, system_prompt)`, for the context meter."""
+        return int(self.encode_chat(messages, system_prompt).shape[-1])
+
+    def start_job(
+        self,
+        input_ids: torch.Tensor | Sequence[int],
+        settings: Mapping[str, Any],
+        *,
+        max_new_tokens: int,
+        seed: int | None,
+        identifier: object = None,
+    ) -> DynamicJobAsync:
+        """Queue a generation on the current model; iterate it with `async for` and stop it with `await job.cancel()`.
+
+        Call from the event loop. `settings` is a settings dict (see `sampler_settings`; unknown keys
+        raise ValueError). Stops at the tokenizer's end-of-turn tokens or after `max_new_tokens`.
+        Raises ValueError when prompt + max_new_tokens exceeds `context_length`.
+        """
+        gen_settings = sampler_settings(settings)
+        loaded = self._require_model()
+        job = DynamicJobAsync(
+            self._generator,
+            input_ids,
+            max_new_tokens,
+            gen_settings=gen_settings,
+            seed=seed,
+            stop_conditions=sorted(loaded.tokenizer.eos_token_ids),
+            identifier=identifier,
+        )
+        self._jobs.add(job)
+        return job
+
+    def _require_model(self) -> _Loaded:
+        if self._loaded is None:
+            raise RuntimeError("No model is loaded yet. Wait for the model to finish loading, or load one.")
+        return self._loaded
+
+    async def close(self) -> None:
+        """Stop every job, close the generator and let the model go; pending loads are cancelled."""
+        if self._closed:
+            return
+        self._closed = True
+        self._progress_request = -1  # progress already on its way from a loader thread goes nowhere
+        pending = [task for task in self._tasks if not task.done()]
+        for task in pending:  # a load thread still running finishes into nothing
+            task.cancel()
+        await asyncio.gather(*pending, *([self._swap] if self._swap else []), return_exceptions=True)
+        generator, jobs = self._generator, list(self._jobs)
+        self._loaded, self._generator, self._jobs = None, None, weakref.WeakSet()
+        if generator is not None:
+            await self._retire(generator, jobs)
+
+
+# ---------------------------------------------------------------------------------------------- internals
+
+
+def _in_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """Run `fn(*args)` on a new daemon thread; the future resolves on the calling event loop.
+
+    A daemon thread rather than an executor: quitting the app mid-load must not wait for the load.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(setter: Callable[[Any], None], value: Any) -> None:
+        if not future.done():
+            setter(value)
+
+    def work() -> None:
+        try:
+            outcome, value = future.set_result, fn(*args)
+        except Exception as e:
+            outcome, value = future.set_exception, e
+        except BaseException as e:  # never leave the future pending
+            outcome, value = future.set_exception, RuntimeError(f"loading stopped: {e!r}")
+        try:
+            loop.call_soon_threadsafe(settle, outcome, value)
+        except RuntimeError:
+            pass  # the loop is closed
+
+    threading.Thread(target=work, name="tandem-loader", daemon=True).start()
+    return future
+
+
+def _chat_template(tokenizer: Tokenizer, path: Path) -> ChatTemplate:
+    try:
+        return ChatTemplate.from_tokenizer(tokenizer)
+    except ChatTemplateError as e:
+        # A broken template should not make the model unusable: ChatML is what most small models know.
+        log.warning("%s: %s Using ChatML instead.", path, e)
+        return ChatTemplate(None, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+
+
+def _load_failure(error: BaseException, name: str, path: Path | None) -> str:
+    """The window's message for a failed load; it always names the file when one is known."""
+    where = f" ({path})" if path is not None and str(path) not in str(error) else ""
+    if isinstance(error, ModelLoadError):
+        return f"Could not load {name}{where}: {error}"
+    if isinstance(error, torch.OutOfMemoryError | MemoryError):
+        return (
+            f"Could not load {name}{where}: not enough memory ({error}). "
+            "Close other programs or choose a smaller (more quantized) model."
+        )
+    log.error("loading %s failed", name, exc_info=error)
+    return f"Could not load {name}{where}: {type(error).__name__}: {error}"
+
+
+def _starter_failure(error: Exception) -> str:
+    return (
+        f"Could not download the starter model: {error}\n\n"
+        "Tandem needs one model to chat. Try again once online, or add a model you already have "
+        "(a Hugging Face folder or a .gguf file) in the model manager. A small demo vision model bundled "
+        "with Tandem, which needs no download, is coming with issue [D]."
+    )
+
+
+__all__ = [
+    "EngineService",
+    "default_device",
+    "free_memory_bytes",
+    "kv_bytes_per_token",
+    "plan_cache_tokens",
+    "sampler_settings",
+]
