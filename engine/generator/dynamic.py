@@ -177,7 +177,7 @@ class DynamicGenerator:
             for seq in admitted:
                 session = self._sessions[seq.serial]
                 session.start(now, self.model.config.vocab_size)
-                results.append(session.result("started"))
+                results.append(session.base("started"))
             steps = self.scheduler.plan()
             if not steps:
                 return results

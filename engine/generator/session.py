@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -56,9 +57,6 @@ class JobSession:
         if self.job.identifier is not None:
             r["identifier"] = self.job.identifier
         return r
-
-    def result(self, stage: str) -> Result:
-        return self.base(stage)
 
     def prefill_result(self) -> Result:
         r = self.base("prefill")
@@ -179,8 +177,6 @@ class JobSession:
 
     def _eos(self, r: Result, reason: str, token: int | None = None, string: str | None = None) -> Result:
         end = self.time_first_token if self.time_first_token is not None else self.time_admitted
-        import time
-
         now = time.perf_counter()
         r["eos"] = True
         r["eos_reason"] = reason
