@@ -61,16 +61,17 @@ def paged_attention(
         q_len, kv_len = query_lens[i], seq_lens_host[i]
         num_pages = (kv_len + page_size - 1) // page_size
         pages = block_tables[i, :num_pages]
-        k = k_cache[pages].view(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)  # [Hkv, kv_len, D]
-        v = v_cache[pages].view(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)
-        qi = q[start : start + q_len].transpose(0, 1).to(k.dtype)  # [Hq, q_len, D]
+        # 4-D [1, H, L, D]: with 3-D inputs SDPA takes a slow path that materializes the score matrix.
+        k = k_cache.index_select(0, pages).view(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)[None]
+        v = v_cache.index_select(0, pages).view(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)[None]
+        qi = q[start : start + q_len].transpose(0, 1).to(k.dtype)[None]  # [1, Hq, q_len, D]
         if q_len == kv_len and sliding_window is None:
             o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale, enable_gqa=True)
         else:
             q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device)
             mask = _window_mask(q_pos, kv_len, sliding_window)
             o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-        out[start : start + q_len] = o.transpose(0, 1)
+        out[start : start + q_len] = o[0].transpose(0, 1)
         start += q_len
     return out
 
