@@ -1,0 +1,135 @@
+"""`python -m engine bench` end to end on the tiny random model: both sides run, every row prints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from engine import bench
+
+ROW_LABELS = [
+    "single-stream decode tok/s",
+    "single-stream time to first token",
+    "aggregate tok/s, 3 concurrent jobs",
+    "second chat turn, time to first token",
+    "same prompt, cold (fresh cache)",
+    "peak RSS of the whole process",
+    "of which after imports, before loading",
+    "of which after loading the model",
+    "load time",
+    "runnable time spent waiting for a CPU",
+]
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def small_args(folder, *extra: str) -> argparse.Namespace:
+    return parse(
+        str(folder), "--dtype", "float32", "--threads", "1", "--new-tokens", "4", "--jobs", "3",
+        "--max-prompt-tokens", "48", "--history-tokens", "120", "--page-size", "16", *extra,
+    )  # fmt: skip
+
+
+def test_bench_runs_both_sides_and_prints_every_row(tiny_folder, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert bench.run(small_args(tiny_folder, "--hf-batched", "--json", str(out))) == 0
+    table = capsys.readouterr().out
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    assert [c.strip() for c in lines[0].split("|")[1:-1]] == [
+        "metric",
+        "ours",
+        "transformers",
+        "target",
+        "result",
+    ]
+    for label in ROW_LABELS:
+        assert any(label in line for line in lines), f"row {label!r} missing from:\n{table}"
+    single, _, aggregate, second_turn = lines[1:5]
+    assert "n/a" not in "\n".join(lines[1:4]), table  # both sides filled the speed rows
+    for verdict_row in (single, aggregate, second_turn):
+        assert "PASS (" in verdict_row or "MISS (" in verdict_row
+
+    data = json.loads(out.read_text())
+    ours, hf = data["sides"]["ours"], data["sides"]["transformers"]
+    for side in (ours, hf):
+        for key in ("single_decode_tps", "single_ttft_s", "turn2_cold_ttft_s", "peak_rss_mib", "load_s"):
+            assert side[key] > 0 and math.isfinite(side[key]), (key, side[key])
+        assert side["threads"] == 1
+        assert 0 <= side["cpu_wait_share"] <= 1
+    assert ours["aggregate_tps"] > 0 and ours["turn2_warm_ttft_s"] > 0 and hf["batched_tps"] > 0
+    # The second turn extends the first, so every full 16-token page of turn 1's prompt is reused.
+    turn1_len = len(bench.build_workload(_tokenizer(tiny_folder), small_args(tiny_folder))["turn1"])
+    assert ours["turn2_cached_tokens"] >= turn1_len // 16 * 16
+    assert ours["turn2_prompt_tokens"] > turn1_len
+    assert len(data["config"]["prompt_tokens"]["jobs"]) == 3
+
+
+def test_skip_transformers_runs_our_rows_only(tiny_folder, capsys):
+    assert bench.run(small_args(tiny_folder, "--skip-transformers")) == 0
+    table = capsys.readouterr().out
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == len(ROW_LABELS)
+    assert all(cells[2].strip().startswith("n/a") for cells in rows)  # the transformers column
+    assert all(not cells[1].strip().startswith("n/a") for cells in rows)  # ours
+    assert "transformers skipped (--skip-transformers)" in table
+    assert table.startswith("Tandem engine on tiny-gen")
+
+
+def _tokenizer(folder):
+    from engine.tokenizer import Tokenizer
+
+    return Tokenizer.load(folder)
+
+
+def test_workload_mixes_lengths_without_shared_prefixes(tiny_folder):
+    args = small_args(tiny_folder, "--jobs", "5", "--max-prompt-tokens", "200")
+    jobs = bench.build_workload(_tokenizer(tiny_folder), args)["jobs"]
+    lengths = [len(j) for j in jobs]
+    assert max(lengths) >= 200 and max(lengths) - min(lengths) > 100
+
+    # After the shared template start the prompts differ, so the prefix cache cannot favour the job mix.
+    def shared_prefix(x: list[int], y: list[int]) -> int:
+        return next((i for i, (a, b) in enumerate(zip(x, y, strict=False)) if a != b), min(len(x), len(y)))
+
+    assert max(shared_prefix(x, y) for x in jobs for y in jobs if x is not y) < 16
+
+
+def test_rows_without_transformers_say_na(tiny_folder):
+    args = small_args(tiny_folder)
+    workload = bench.build_workload(_tokenizer(tiny_folder), args)
+    ours = {
+        "single_decode_tps": 10.0, "single_ttft_s": 0.1, "aggregate_tps": 50.0, "turn2_warm_ttft_s": 0.01,
+        "turn2_cold_ttft_s": 0.2, "turn2_cached_tokens": 96, "turn2": [1] * 120, "peak_rss_mib": 500.0,
+        "rss_after_import_mib": 300.0, "load_s": 1.0,
+    }  # fmt: skip
+    rows = bench.build_rows(args, workload, {"ours": ours})
+    assert [r["transformers"] for r in rows[:2]] == ["n/a", "n/a"]
+    assert rows[0]["result"] == rows[2]["result"] == "n/a"  # no baseline, no verdict
+    assert rows[3]["result"] == "PASS (5.0%)" and rows[3]["ours"] == "10 ms"
+    ours["turn2_warm_ttft_s"] = 0.03
+    assert bench.build_rows(args, workload, {"ours": ours})[3]["result"] == "MISS (15.0%)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--new-tokens", "1"], "--new-tokens must be >= 2"),
+        (["--jobs", "0"], "--jobs must be >= 1"),
+        (["--threads", "0"], "--threads must be >= 1"),
+    ],
+)
+def test_bad_options_are_rejected_before_any_work(tiny_folder, argv, message):
+    with pytest.raises(ValueError, match=message):
+        bench.run(parse(str(tiny_folder), *argv))
+
+
+def test_missing_model_path_names_the_path(tmp_path):
+    with pytest.raises(ValueError, match="nope.gguf does not exist"):
+        bench.run(parse(str(tmp_path / "nope.gguf")))
