@@ -22,6 +22,7 @@ def starter_gguf():
 
     return fetch_starter()
 
+
 TEXT = [
     "The quick brown fox jumps over the lazy dog. " * 3,
     "Tandem runs several chats at once over one paged cache.",

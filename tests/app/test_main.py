@@ -1,22 +1,174 @@
-"""The `tandem` entry point opens a window (offscreen)."""
+"""The `tandem` entry point: opens the window with a model, reopens saved chats, survives SIGKILL mid-stream.
+
+Bad inputs tried: --model pointing at nothing (usage error, exit status 2), SIGKILL while an answer streams.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
 from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import QApplication, QMainWindow
+from PySide6.QtWidgets import QApplication
+
+from app.main import main
+from app.store import Store
+from app.ui.main_window import OPEN_TABS_KEY, MainWindow
+from app.ui.sampler_settings import complete_settings
+
+REPO = Path(__file__).resolve().parents[2]
 
 
-def test_main_opens_a_titled_window(qapp):
-    from app.main import main
-
-    seen = []
+def run_main_until(argv: list[str], inspect, timeout: float = 60.0, ready=None) -> tuple[int, dict]:
+    """Run `main(argv)` in this process; once `ready(window)` (default: a model is loaded), `inspect(window)`
+    fills a dict, then the window closes and the app quits."""
+    ready = ready or (lambda w: w.service.is_loaded)
+    seen: dict = {}
+    deadline = time.monotonic() + timeout
 
     def check():
-        seen.extend(
-            w.windowTitle() for w in QApplication.topLevelWidgets() if isinstance(w, QMainWindow) and w.isVisible()
-        )
-        QApplication.quit()
+        windows = [w for w in QApplication.topLevelWidgets() if isinstance(w, MainWindow) and w.isVisible()]
+        if windows and ready(windows[0]):
+            seen.update(inspect(windows[0]))
+            windows[0].close()
+            QApplication.quit()
+        elif time.monotonic() > deadline:
+            seen["timed_out"] = True
+            QApplication.quit()
+        else:
+            QTimer.singleShot(50, check)
 
     QTimer.singleShot(50, check)
-    assert main([]) == 0
-    assert "Tandem" in seen
+    return main(argv), seen
+
+
+def test_main_opens_a_titled_window_with_the_model(qapp, tiny_folder, tmp_path, monkeypatch):
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path))
+    status, seen = run_main_until(
+        ["--model", str(tiny_folder)],
+        lambda w: {"title": w.windowTitle(), "model": w.model_label.text(), "tabs": w.tabs.count()},
+    )
+    assert status == 0 and "timed_out" not in seen
+    assert "Tandem" in seen["title"] and seen["tabs"] == 1
+    assert seen["model"].startswith(f"Model: {tiny_folder.name}")
+    assert (tmp_path / "tandem.sqlite3").is_file()
+
+
+def test_main_without_arguments_loads_the_starter(qapp, starter_gguf, tmp_path, monkeypatch):
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path))
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / starter_gguf.name).symlink_to(starter_gguf)  # fetched once per test session
+    status, seen = run_main_until([], lambda w: {"model": w.model_label.text()}, timeout=120)
+    assert status == 0 and "timed_out" not in seen
+    assert seen["model"].startswith("Model: SmolLM2-135M-Instruct")
+
+
+def test_a_missing_model_path_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--model", str(tmp_path / "no-such-model")])
+    assert info.value.code == 2
+    assert "no-such-model" in capsys.readouterr().err
+
+
+def long_context_copy(tiny_folder: Path, dest: Path) -> Path:
+    """The tiny model with an 8192-token context, so one answer streams for several seconds."""
+    shutil.copytree(tiny_folder, dest)
+    config = json.loads((dest / "config.json").read_text())
+    config["max_position_embeddings"] = 8192
+    (dest / "config.json").write_text(json.dumps(config))
+    return dest
+
+
+def assistant_text(store: Store, chat_id: int) -> str | None:
+    answers = [m for m in store.messages(chat_id) if m.role == "assistant"]
+    return answers[-1].text if answers else None
+
+
+def test_sigkill_mid_stream_keeps_the_user_message_and_the_last_save(qapp, tiny_folder, tmp_path, monkeypatch):
+    model = long_context_copy(tiny_folder, tmp_path / "model")
+    data = tmp_path / "data"
+    data.mkdir()
+    prompt = "Tell me a very long story"
+    with Store(data / "tandem.sqlite3") as store:
+        settings = complete_settings(
+            {"temperature": 1.0, "top_k": 1, "token_repetition_penalty": 1.0, "max_new_tokens": 6000}
+        )
+        settings["disallowed_tokens"] = [1, 2]  # <|im_start|>, <|im_end|>: the answer never ends by itself
+        chat = store.create_chat("Crash test", settings=settings)
+        store.set_setting(OPEN_TABS_KEY, [chat.id])
+    env = {**os.environ, "TANDEM_DATA_DIR": str(data), "QT_QPA_PLATFORM": "offscreen"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.main", "--model", str(model), "--prompt", prompt],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    saves: list[str] = []
+    try:
+        with Store(data / "tandem.sqlite3") as watcher:
+            deadline = time.monotonic() + 120
+            while len(saves) < 2:  # two saves with text: the answer is saved while it streams
+                assert proc.poll() is None, proc.stderr.read().decode(errors="replace")[-2000:]
+                assert time.monotonic() < deadline, f"no periodic saves seen; saw {saves!r}"
+                text = assistant_text(watcher, chat.id)
+                if text and (not saves or text != saves[-1]):
+                    saves.append(text)
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert saves[1].startswith(saves[0]) and len(saves[1]) > len(saves[0])
+
+    with Store(data / "tandem.sqlite3") as store:
+        user, answer = store.messages(chat.id)
+        assert (user.role, user.text, user.complete) == ("user", prompt, True)
+        assert answer.role == "assistant" and not answer.complete
+        assert answer.text.startswith(saves[-1])  # at least what was last seen saved
+        saved = answer.text
+
+    # reopen the app over the same data: the chat comes back with the partial answer
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(data))
+    status, seen = run_main_until(
+        ["--model", str(model)],
+        lambda w: {
+            "chat_id": w.current_tab().chat_id,
+            "texts": [m.text for m in w.current_tab().message_widgets()],
+            "streaming": w.current_tab().is_streaming,
+        },
+    )
+    assert status == 0 and "timed_out" not in seen
+    assert seen["chat_id"] == chat.id and not seen["streaming"]
+    assert seen["texts"] == [prompt, saved]
+
+
+def test_closing_the_window_mid_answer_keeps_it(qapp, tiny_folder, tmp_path, monkeypatch):
+    model = long_context_copy(tiny_folder, tmp_path / "model")
+    data = tmp_path / "data"
+    data.mkdir()
+    with Store(data / "tandem.sqlite3") as store:
+        settings = complete_settings({"top_k": 1, "max_new_tokens": 6000, "disallowed_tokens": [1, 2]})
+        chat = store.create_chat("Close test", settings=settings)
+        store.set_setting(OPEN_TABS_KEY, [chat.id])
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(data))
+    status, seen = run_main_until(
+        ["--model", str(model), "--prompt", "Keep going"],
+        lambda w: {"shown": w.current_tab().streamed_text},
+        ready=lambda w: len(w.current_tab().streamed_text) > 20,
+    )
+    assert status == 0 and "timed_out" not in seen
+    with Store(data / "tandem.sqlite3") as store:
+        user, answer = store.messages(chat.id)
+        assert user.text == "Keep going"
+        assert answer.text.startswith(seen["shown"]) and not answer.complete and answer.stats["stopped"]

@@ -1,0 +1,559 @@
+"""ChatTab: one conversation — its messages, system prompt, settings, attachments, and its own streaming job.
+
+A send stores the user message, then starts one engine job (`service.start_job`) whose results arrive with
+`async for` on the GUI loop; every tab runs its own, so several stream at once. The answer is stored as soon
+as it starts (complete=False), saved every second while it streams, and once more when it ends or is stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QTimer, Signal
+from PySide6.QtGui import QDragEnterEvent, QDropEvent, QImage
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.ui.attachments import (
+    IMAGE_FILE_FILTER,
+    AttachmentError,
+    AttachmentStrip,
+    load_image_file_async,
+    load_qimage_async,
+)
+from app.ui.chat_input import ChatInput
+from app.ui.message_view import MessageView, MessageWidget
+from app.ui.sampler_settings import complete_settings, sampler_kwargs
+from app.ui.tasks import spawn
+
+log = logging.getLogger(__name__)
+
+SAVE_INTERVAL_MS = 1000  # a streaming answer reaches the database at least this often
+DEFAULT_TITLE = "New chat"
+_TITLE_LENGTH = 48
+
+
+@dataclass
+class _Stream:
+    """What one running answer has produced so far."""
+
+    message_id: int
+    widget: MessageWidget
+    prompt_tokens: int
+    settings: dict[str, Any]
+    text: str = ""
+    num_tokens: int = 0
+    saved_text: str = ""
+    eos: dict[str, Any] = field(default_factory=dict)
+
+
+def eos_stats(result: dict[str, Any]) -> dict[str, Any]:
+    """The statistics an answer keeps, from the engine's eos result."""
+    generate = float(result.get("time_generate", 0.0))
+    new_tokens = int(result.get("new_tokens", 0))
+    # time_generate runs from the first token to the last, so it covers new_tokens - 1 decode steps
+    rate = (new_tokens - 1) / generate if generate > 0 and new_tokens > 1 else None
+    return {
+        "new_tokens": new_tokens,
+        "prompt_tokens": int(result.get("prompt_tokens", 0)),
+        "cached_tokens": int(result.get("cached_tokens", 0)),
+        "tokens_per_second": rate,
+        "time_to_first_token": float(result.get("time_enqueued", 0.0)) + float(result.get("time_prefill", 0.0)),
+        "time_generate": generate,
+        "eos_reason": result.get("eos_reason"),
+    }
+
+
+class ChatTab(QWidget):
+    """One open chat. `send()` / `stop()` / `regenerate()` / `begin_edit()` drive it; signals tell the window."""
+
+    title_changed = Signal(int, str)
+    streaming_changed = Signal(int, bool)
+    chat_changed = Signal(int)  # something was saved: the sidebar re-sorts
+    chunk_received = Signal(int, str)
+    generation_finished = Signal(int)
+    save_interval_ms = SAVE_INTERVAL_MS
+
+    def __init__(self, store: Any, service: Any, chat_id: int, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.store = store
+        self.service = service
+        self.chat = store.get_chat(chat_id)
+        self.chat_id = chat_id
+        self._job: Any = None
+        self._task: asyncio.Task | None = None
+        self._stream: _Stream | None = None
+        self._stopping = False
+        self._editing_id: int | None = None
+        self._num_attaching = 0
+        self.setAcceptDrops(True)
+
+        self._save_timer = QTimer(self)
+        self._save_timer.timeout.connect(self._save_partial)
+        self._system_timer = QTimer(self)
+        self._system_timer.setSingleShot(True)
+        self._system_timer.setInterval(400)
+        self._system_timer.timeout.connect(self._save_system_prompt)
+
+        self._build()
+        self.reload()
+
+    # --- layout ---------------------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)
+        self.system_prompt_edit = QPlainTextEdit(self.chat.system_prompt)
+        self.system_prompt_edit.setObjectName("systemPrompt")
+        self.system_prompt_edit.setPlaceholderText("System prompt for this chat (optional)")
+        self.system_prompt_edit.setFixedHeight(self.fontMetrics().lineSpacing() * 2 + 14)
+        self.system_prompt_edit.textChanged.connect(self._system_timer.start)
+        layout.addWidget(self.system_prompt_edit)
+
+        self.view = MessageView()
+        layout.addWidget(self.view, 1)
+
+        self.notice = QWidget()
+        self.notice.setObjectName("notice")
+        notice_row = QHBoxLayout(self.notice)
+        notice_row.setContentsMargins(8, 4, 4, 4)
+        self.notice_label = QLabel()
+        self.notice_label.setObjectName("noticeLabel")
+        self.notice_label.setWordWrap(True)
+        notice_row.addWidget(self.notice_label, 1)
+        close = QToolButton(text="✕")
+        close.setAutoRaise(True)
+        close.setToolTip("Dismiss")
+        close.clicked.connect(self.clear_notice)
+        notice_row.addWidget(close)
+        self.notice.setVisible(False)
+        layout.addWidget(self.notice)
+
+        self.edit_bar = QWidget()
+        edit_row = QHBoxLayout(self.edit_bar)
+        edit_row.setContentsMargins(8, 0, 4, 0)
+        edit_row.addWidget(QLabel("Editing an earlier message: sending replaces it and every message after it."), 1)
+        cancel_edit = QPushButton("Cancel edit")
+        cancel_edit.clicked.connect(self.cancel_edit)
+        edit_row.addWidget(cancel_edit)
+        self.edit_bar.setVisible(False)
+        layout.addWidget(self.edit_bar)
+
+        self.strip = AttachmentStrip()
+        layout.addWidget(self.strip)
+
+        self.input = ChatInput()
+        self.input.setFixedHeight(self.fontMetrics().lineSpacing() * 4 + 16)
+        self.input.send_requested.connect(self.send)
+        self.input.image_pasted.connect(self.attach_image)
+        self.input.files_dropped.connect(self.attach_files)
+        layout.addWidget(self.input)
+
+        row = QHBoxLayout()
+        self.attach_button = QPushButton("Attach image…")
+        self.attach_button.clicked.connect(self._pick_files)
+        row.addWidget(self.attach_button)
+        self.context_meter = QProgressBar()
+        self.context_meter.setObjectName("contextMeter")
+        self.context_meter.setTextVisible(True)
+        self.context_meter.setFormat("context: %v / %m tokens")
+        self.context_meter.setRange(0, 1)
+        self.context_meter.setValue(0)
+        row.addWidget(self.context_meter, 1)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("Stop the answer (Esc); what it wrote so far is kept")
+        self.stop_button.clicked.connect(self.stop)
+        self.send_button = QPushButton("Send")
+        self.send_button.setDefault(True)
+        self.send_button.setToolTip("Send (Enter)")
+        self.send_button.clicked.connect(self.send)
+        row.addWidget(self.stop_button)
+        row.addWidget(self.send_button)
+        layout.addLayout(row)
+        self._update_controls()
+
+    # --- state ----------------------------------------------------------------------------------------------
+
+    @property
+    def is_streaming(self) -> bool:
+        return self._job is not None
+
+    @property
+    def title(self) -> str:
+        return self.chat.title
+
+    @property
+    def streamed_text(self) -> str:
+        """The answer streaming now (empty when none)."""
+        return self._stream.text if self._stream else ""
+
+    def settings(self) -> dict[str, Any]:
+        return complete_settings(self.chat.settings)
+
+    def set_settings(self, settings: dict[str, Any]) -> None:
+        """Use and save `settings` for this chat's next answers."""
+        self.store.update_chat(self.chat_id, settings=settings)
+        self.chat = self.store.get_chat(self.chat_id)
+
+    def rename(self, title: str) -> None:
+        title = " ".join(title.split())
+        if not title:
+            return
+        self.store.rename_chat(self.chat_id, title)
+        self.chat = self.store.get_chat(self.chat_id)
+        self.title_changed.emit(self.chat_id, title)
+        self.chat_changed.emit(self.chat_id)
+
+    def message_widgets(self) -> list[MessageWidget]:
+        return self.view.message_widgets()
+
+    def reload(self) -> None:
+        """Show the chat as stored."""
+        self.view.clear()
+        for message in self.store.messages(self.chat_id):
+            if message.role in ("user", "assistant") and message.column is None:
+                self._add_widget(message)
+        self._update_controls()
+        self.refresh_context_meter()
+
+    def _add_widget(self, message: Any) -> MessageWidget:
+        widget = MessageWidget(
+            message.id,
+            message.role,
+            message.text,
+            image_paths=[self.store.attachment_path(sha) for sha in message.images],
+            stats=message.stats,
+        )
+        widget.edit_requested.connect(self.begin_edit)
+        widget.regenerate_requested.connect(self.regenerate)
+        return self.view.add_message(widget)
+
+    def _update_controls(self) -> None:
+        streaming = self.is_streaming
+        self.send_button.setEnabled(not streaming)
+        self.stop_button.setEnabled(streaming)
+        widgets = self.view.message_widgets()
+        for i, widget in enumerate(widgets):
+            last = i == len(widgets) - 1
+            widget.set_actions(
+                can_edit=not streaming, can_regenerate=not streaming and last and widget.role == "assistant"
+            )
+
+    # --- notices --------------------------------------------------------------------------------------------
+
+    def show_notice(self, text: str) -> None:
+        """Show a message above the input (an error the user should read); it stays until dismissed."""
+        log.info("chat %s: %s", self.chat_id, text)
+        self.notice_label.setText(text)
+        self.notice.setVisible(True)
+
+    def clear_notice(self) -> None:
+        self.notice_label.clear()
+        self.notice.setVisible(False)
+
+    def notice_text(self) -> str:
+        return "" if self.notice.isHidden() else self.notice_label.text()
+
+    # --- sending --------------------------------------------------------------------------------------------
+
+    def send(self) -> bool:
+        """Send the typed message (and attached images) and start the answer; False when refused."""
+        text = self.input.toPlainText().strip()
+        attachments = self.strip.attachments()
+        if self.is_streaming:
+            self.show_notice("This chat is still answering. Wait for it, or stop it (Esc) first.")
+            return False
+        if not text and not attachments:
+            return False
+        if self._num_attaching:
+            self.show_notice("Images are still being checked; send again in a moment.")
+            return False
+        if not self.service.is_loaded:
+            self.show_notice("No model is loaded yet. Wait for it to load, or open one from the Model menu.")
+            return False
+        if attachments and not self.service.can_see_images:
+            self.show_notice(
+                f"Not sent: the loaded model ({self.service.model_name}) cannot see images. Remove the images "
+                "to send the text alone, or load a vision model (describing images arrives with issue [D])."
+            )
+            return False
+        if self._editing_id is not None:
+            self.store.delete_messages_from(self.chat_id, self._editing_id)
+            self.view.remove_from(self._editing_id)
+            self._end_edit()
+        shas = [self.store.add_attachment(a.data, a.suffix) for a in attachments]
+        message = self.store.add_message(self.chat_id, "user", text, images=shas)
+        self._add_widget(message)
+        self.input.clear()
+        self.strip.clear()
+        self.clear_notice()
+        if self.chat.title == DEFAULT_TITLE and text:
+            first_line = text.splitlines()[0]
+            self.rename(first_line[:_TITLE_LENGTH] + ("…" if len(first_line) > _TITLE_LENGTH else ""))
+        self.chat_changed.emit(self.chat_id)
+        self._start_answer()
+        return True
+
+    def regenerate(self, message_id: int | None = None) -> bool:
+        """Write the last answer (or answer `message_id` and everything after it) again."""
+        if self.is_streaming:
+            return False
+        if not self.service.is_loaded:
+            self.show_notice("No model is loaded yet. Wait for it to load, or open one from the Model menu.")
+            return False
+        widgets = self.view.message_widgets()
+        if message_id is None:
+            if not widgets or widgets[-1].role != "assistant":
+                return False
+            message_id = widgets[-1].message_id
+        self.store.delete_messages_from(self.chat_id, message_id)
+        self.view.remove_from(message_id)
+        self.clear_notice()
+        self._start_answer()
+        return True
+
+    def begin_edit(self, message_id: int) -> None:
+        """Put an earlier user message back into the input; sending replaces it and every later message."""
+        if self.is_streaming:
+            return
+        message = next((m for m in self.store.messages(self.chat_id) if m.id == message_id), None)
+        if message is None or message.role != "user":
+            return
+        self._editing_id = message_id
+        self.input.setPlainText(message.text)
+        self.input.setFocus()
+        self.strip.clear()
+        if message.images:
+            self.attach_files([str(self.store.attachment_path(sha)) for sha in message.images])
+        self.edit_bar.setVisible(True)
+
+    def cancel_edit(self) -> None:
+        self._end_edit()
+        self.input.clear()
+        self.strip.clear()
+
+    def _end_edit(self) -> None:
+        self._editing_id = None
+        self.edit_bar.setVisible(False)
+
+    def _conversation(self) -> list[dict[str, str]]:
+        return [
+            {"role": m.role, "content": m.text}
+            for m in self.store.messages(self.chat_id)
+            if m.role in ("user", "assistant") and m.column is None
+        ]
+
+    def _start_answer(self) -> None:
+        self._save_system_prompt()  # typed just now: the answer must already use it
+        try:
+            input_ids = self.service.encode_chat(self._conversation(), self.chat.system_prompt)
+        except Exception as e:  # a chat template can fail in many ways; the message says which
+            self.show_notice(f"Could not build the prompt for {self.service.model_name}: {e}")
+            return
+        num_prompt = int(input_ids.shape[-1])
+        context = int(self.service.context_length)
+        room = context - num_prompt
+        if room < 1:
+            self.show_notice(
+                f"This conversation ({num_prompt} tokens) fills the model's context of {context} tokens. "
+                "Start a new chat (Ctrl+T) or edit an earlier message."
+            )
+            return
+        settings = self.settings()
+        seed = settings["seed"] if settings["seed"] is not None else random.randrange(2**31)
+        try:
+            job = self.service.start_job(
+                input_ids,
+                sampler_kwargs(settings),
+                max_new_tokens=min(int(settings["max_new_tokens"]), room),
+                seed=seed,
+                identifier=self.chat_id,
+            )
+        except (ValueError, TypeError, RuntimeError) as e:
+            self.show_notice(f"Could not start the answer: {e}")
+            return
+        answer = self.store.add_message(
+            self.chat_id, "assistant", "", settings={**settings, "seed": seed}, complete=False
+        )
+        widget = self._add_widget(answer)
+        widget.set_streaming(True)
+        self._job = job
+        self._stopping = False
+        self._stream = _Stream(answer.id, widget, num_prompt, settings)
+        self._update_controls()
+        self._save_timer.start(self.save_interval_ms)
+        self.streaming_changed.emit(self.chat_id, True)
+        self._task = spawn(self._run(job, self._stream), name=f"chat-{self.chat_id}")
+
+    async def _run(self, job: Any, stream: _Stream) -> None:
+        error: str | None = None
+        try:
+            async for result in job:
+                if result.get("stage") != "streaming":
+                    continue
+                token_ids = result.get("token_ids")
+                stream.num_tokens += int(token_ids.shape[-1]) if token_ids is not None else 0
+                chunk = result.get("text", "")
+                if chunk:
+                    stream.text += chunk
+                    self.chunk_received.emit(self.chat_id, chunk)
+                if result.get("eos"):
+                    stream.eos = eos_stats(result)
+                    stream.text = result.get("full_completion", stream.text)  # the engine's own account
+                stream.widget.set_text(stream.text)
+                self._show_context(stream.prompt_tokens + stream.num_tokens)
+        except Exception as e:  # the engine failed this job: keep what arrived, say what happened
+            log.exception("chat %s: the answer failed", self.chat_id)
+            error = str(e) or type(e).__name__
+        finally:
+            self._finish(stream, error)
+
+    def _finish(self, stream: _Stream, error: str | None) -> None:
+        self._save_timer.stop()
+        complete = bool(stream.eos) and error is None
+        if complete:
+            stats = stream.eos
+        else:
+            stats = {"new_tokens": stream.num_tokens, "stopped": error is None}
+            if error is not None:
+                stats["error"] = error
+        self._write(stream, stats=stats, complete=complete)
+        stream.widget.set_streaming(False)
+        stream.widget.set_stats(stats)
+        if error is not None:
+            self.show_notice(f"The answer stopped with an error: {error}")
+        self._job = None
+        self._stream = None
+        self._task = None
+        self._update_controls()
+        self.refresh_context_meter()
+        self.streaming_changed.emit(self.chat_id, False)
+        self.chat_changed.emit(self.chat_id)
+        self.generation_finished.emit(self.chat_id)
+
+    def _write(self, stream: _Stream, **fields: Any) -> None:
+        try:
+            self.store.update_message(stream.message_id, text=stream.text, **fields)
+            stream.saved_text = stream.text
+        except KeyError:  # the chat was deleted while it streamed
+            log.info("chat %s: answer %s no longer exists", self.chat_id, stream.message_id)
+
+    def _save_partial(self) -> None:
+        stream = self._stream
+        if stream is not None and stream.text != stream.saved_text:
+            self._write(stream)
+
+    def stop(self) -> None:
+        """Stop the answer now; the text so far stays (Esc, the Stop button, closing the tab)."""
+        if self._job is not None and not self._stopping:
+            self._stopping = True
+            spawn(self._job.cancel(), name=f"stop-chat-{self.chat_id}")
+
+    async def shutdown(self) -> None:
+        """Stop any answer and wait until it is saved."""
+        task = self._task
+        self.stop()
+        if task is not None:
+            await asyncio.wait({task})
+
+    def flush(self) -> None:
+        """Save the answer streaming now as it stands (the window is closing and the loop may not run again)."""
+        self._save_system_prompt()
+        stream = self._stream
+        if stream is not None:
+            self._write(stream, stats={"new_tokens": stream.num_tokens, "stopped": True}, complete=False)
+
+    # --- context meter --------------------------------------------------------------------------------------
+
+    def refresh_context_meter(self) -> None:
+        """Count the tokens the conversation takes in the loaded model's context."""
+        if not self.service.is_loaded:
+            self.context_meter.setRange(0, 1)
+            self.context_meter.setValue(0)
+            self.context_meter.setFormat("context: no model loaded")
+            return
+        try:
+            used = int(self.service.encode_chat(self._conversation(), self.chat.system_prompt).shape[-1])
+        except Exception as e:  # shown, not raised: the meter must never break the tab
+            log.warning("chat %s: cannot count tokens: %s", self.chat_id, e)
+            return
+        self._show_context(used)
+
+    def _show_context(self, used: int) -> None:
+        context = max(1, int(self.service.context_length))
+        self.context_meter.setFormat("context: %v / %m tokens")
+        self.context_meter.setRange(0, context)
+        self.context_meter.setValue(min(used, context))
+
+    def _save_system_prompt(self) -> None:
+        self._system_timer.stop()
+        text = self.system_prompt_edit.toPlainText()
+        if text != self.chat.system_prompt:
+            self.store.update_chat(self.chat_id, system_prompt=text)
+            self.chat = self.store.get_chat(self.chat_id)
+            self.refresh_context_meter()
+
+    # --- attachments ----------------------------------------------------------------------------------------
+
+    def attach_files(self, paths: list[str]) -> asyncio.Task:
+        """Check image files off the GUI thread and add them to the next message."""
+        self._num_attaching += 1
+        return spawn(self._attach([Path(p) for p in paths], None), name=f"attach-{self.chat_id}")
+
+    def attach_image(self, image: QImage) -> asyncio.Task:
+        """Add a pasted image to the next message."""
+        self._num_attaching += 1
+        return spawn(self._attach([], image), name=f"paste-{self.chat_id}")
+
+    async def _attach(self, paths: list[Path], image: QImage | None) -> None:
+        problems = []
+        try:
+            for path in paths:
+                try:
+                    self.strip.add(await load_image_file_async(path))
+                except AttachmentError as e:
+                    problems.append(str(e))
+            if image is not None:
+                try:
+                    self.strip.add(await load_qimage_async(image))
+                except AttachmentError as e:
+                    problems.append(str(e))
+        finally:
+            self._num_attaching -= 1
+        if problems:
+            self.show_notice("\n".join(problems))
+
+    def _pick_files(self) -> None:
+        dialog = QFileDialog(self, "Attach images", "", IMAGE_FILE_FILTER)
+        dialog.setFileMode(QFileDialog.FileMode.ExistingFiles)
+        dialog.filesSelected.connect(self.attach_files)
+        dialog.open()
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 (Qt's name)
+        if event.mimeData().hasUrls() or event.mimeData().hasImage():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802
+        mime = event.mimeData()
+        files = [u.toLocalFile() for u in mime.urls() if u.isLocalFile()]
+        if files:
+            self.attach_files(files)
+        elif mime.hasImage():
+            self.attach_image(QImage(mime.imageData()))
+        else:
+            self.show_notice("Only image files can be attached.")
+        event.acceptProposedAction()

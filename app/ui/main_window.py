@@ -1,0 +1,435 @@
+"""MainWindow: saved chats | chat tabs | the current tab's sampler settings, with the model in the status bar.
+
++-----------+--------------------------------------+----------------+
+| Sidebar   | QTabWidget of ChatTab (one job each) | SamplerPanel   |
+| (search,  |                                      | (current tab)  |
+|  chats)   |                                      |                |
++-----------+--------------------------------------+----------------+
+| status: model name · load progress · last error                   |
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QByteArray, Qt
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QInputDialog,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QSplitter,
+    QTabWidget,
+    QWidget,
+)
+
+from app.ui.chat_tab import DEFAULT_TITLE, ChatTab
+from app.ui.sampler_panel import SamplerPanel
+from app.ui.sidebar import Sidebar
+from app.ui.tasks import spawn
+
+log = logging.getLogger(__name__)
+
+STYLE_PATH = Path(__file__).resolve().parents[2] / "assets" / "style.qss"
+_TAB_TITLE_LENGTH = 24
+# Store settings this window keeps between runs.
+OPEN_TABS_KEY = "ui.open_tabs"
+CURRENT_TAB_KEY = "ui.current_tab"
+GEOMETRY_KEY = "ui.geometry"
+SPLITTER_KEY = "ui.splitter"
+
+
+class MainWindow(QMainWindow):
+    """Tandem's window over a Store and an EngineService (see app/ui/__init__.py for the layout)."""
+
+    def __init__(self, store: Any, service: Any, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.store = store
+        self.service = service
+        self._pending_prompt: str | None = None
+        self._compare_view: QWidget | None = None
+        self._model_manager: QWidget | None = None
+        self._restoring = False
+        self.setWindowTitle("Tandem")
+        if STYLE_PATH.is_file():
+            self.setStyleSheet(STYLE_PATH.read_text(encoding="utf-8"))
+
+        self.sidebar = Sidebar(store)
+        self.sidebar.open_requested.connect(self.open_chat)
+        self.sidebar.delete_requested.connect(self.ask_delete_chat)
+        self.sidebar.export_requested.connect(self.ask_export_chat)
+        self.sidebar.new_chat_requested.connect(self.new_chat)
+        self.tabs = QTabWidget()
+        self.tabs.setTabsClosable(True)
+        self.tabs.setMovable(True)
+        self.tabs.setDocumentMode(True)
+        self.tabs.tabCloseRequested.connect(self.close_tab)
+        self.tabs.currentChanged.connect(self._current_changed)
+        self.tabs.tabBarDoubleClicked.connect(self.ask_rename)
+        self.sampler_panel = SamplerPanel(store)
+        self.sampler_panel.settings_changed.connect(self._settings_edited)
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        for widget, stretch in ((self.sidebar, 0), (self.tabs, 1), (self.sampler_panel, 0)):
+            self.splitter.addWidget(widget)
+            self.splitter.setStretchFactor(self.splitter.count() - 1, stretch)
+        self.splitter.setSizes([230, 700, 300])
+        self.setCentralWidget(self.splitter)
+
+        self.model_label = QLabel("No model")
+        self.model_label.setObjectName("modelLabel")
+        self.load_progress = QProgressBar()
+        self.load_progress.setRange(0, 1000)
+        self.load_progress.setMaximumWidth(220)
+        self.load_progress.setVisible(False)
+        self.error_label = QLabel()
+        self.error_label.setObjectName("errorLabel")
+        self.error_label.setWordWrap(True)
+        self.statusBar().addWidget(self.model_label)
+        self.statusBar().addWidget(self.load_progress)
+        self.statusBar().addWidget(self.error_label, 1)
+
+        self._build_actions()
+        service.loading_started.connect(self._loading_started)
+        service.loading_progress.connect(self._loading_progress)
+        service.model_loaded.connect(self._model_loaded)
+        service.load_failed.connect(self._load_failed)
+        if service.is_loaded:
+            self._model_loaded(service.model_name)
+        self._restore()
+
+    # --- actions --------------------------------------------------------------------------------------------
+
+    def _build_actions(self) -> None:
+        def action(menu: Any, text: str, slot: Any, shortcut: Any = None) -> QAction:
+            a = QAction(text, self)
+            if shortcut is not None:
+                a.setShortcut(QKeySequence(shortcut))
+            a.triggered.connect(slot)
+            menu.addAction(a)
+            self.addAction(a)  # shortcuts work while the menu bar is hidden too
+            return a
+
+        chat = self.menuBar().addMenu("&Chat")
+        self.new_action = action(chat, "New chat", self.new_chat, QKeySequence.StandardKey.AddTab)
+        self.close_action = action(chat, "Close chat", lambda: self.close_tab(self.tabs.currentIndex()), "Ctrl+W")
+        self.rename_action = action(chat, "Rename…", lambda: self.ask_rename(self.tabs.currentIndex()), "F2")
+        self.stop_action = action(chat, "Stop answer", self._stop_current, Qt.Key.Key_Escape)
+        chat.addSeparator()
+        action(chat, "Export as Markdown…", lambda: self._export_current("markdown"))
+        action(chat, "Export as JSON…", lambda: self._export_current("json"))
+        chat.addSeparator()
+        action(chat, "Quit", self.close, QKeySequence.StandardKey.Quit)
+
+        model = self.menuBar().addMenu("&Model")
+        action(model, "Open model file or folder…", self.ask_open_model, "Ctrl+O")
+        if _module_exists("app.ui.model_manager"):
+            action(model, "Model manager…", self.show_model_manager)
+        if _module_exists("app.ui.compare_view"):
+            view = self.menuBar().addMenu("&View")
+            action(view, "Compare settings side by side…", self.show_compare_view)
+
+    # --- tabs -----------------------------------------------------------------------------------------------
+
+    def chat_tabs(self) -> list[ChatTab]:
+        return [self.tabs.widget(i) for i in range(self.tabs.count())]
+
+    def current_tab(self) -> ChatTab | None:
+        return self.tabs.currentWidget()
+
+    def tab_for(self, chat_id: int) -> ChatTab | None:
+        return next((t for t in self.chat_tabs() if t.chat_id == chat_id), None)
+
+    def new_chat(self) -> ChatTab:
+        """Create a chat (with the current tab's settings) and open it in a new tab."""
+        current = self.current_tab()
+        settings = current.settings() if current is not None else self._default_settings()
+        chat = self.store.create_chat(DEFAULT_TITLE, settings=settings)
+        self.sidebar.refresh()
+        return self.open_chat(chat.id)
+
+    def open_chat(self, chat_id: int) -> ChatTab:
+        """Show the chat's tab, opening it if needed."""
+        tab = self.tab_for(chat_id)
+        if tab is None:
+            tab = ChatTab(self.store, self.service, chat_id)
+            tab.title_changed.connect(self._title_changed)
+            tab.streaming_changed.connect(self._streaming_changed)
+            tab.chat_changed.connect(lambda _id: self.sidebar.refresh())
+            index = self.tabs.addTab(tab, _short(tab.title))
+            self.tabs.setTabToolTip(index, tab.title)
+        self.tabs.setCurrentWidget(tab)
+        tab.input.setFocus()
+        self._save_tabs()
+        return tab
+
+    def close_tab(self, index: int) -> None:
+        """Close a tab: its answer is stopped (and kept); a chat with no messages is discarded."""
+        tab = self.tabs.widget(index)
+        if tab is None:
+            return
+        self.tabs.removeTab(index)
+        spawn(self._dispose(tab), name=f"close-chat-{tab.chat_id}")
+        if self.tabs.count() == 0:
+            self.new_chat()
+        self._save_tabs()
+
+    async def _dispose(self, tab: ChatTab, delete: bool = False) -> None:
+        await tab.shutdown()
+        tab.deleteLater()
+        try:
+            if delete or not self.store.messages(tab.chat_id):
+                self.store.delete_chat(tab.chat_id)
+        except KeyError:
+            pass  # already gone
+        self.sidebar.refresh()
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        tab = self.tab_for(chat_id)
+        if tab is not None:
+            tab.rename(title)
+        elif title.strip():
+            self.store.rename_chat(chat_id, " ".join(title.split()))
+        self.sidebar.refresh()
+
+    def ask_rename(self, index: int) -> None:
+        tab = self.tabs.widget(index)
+        if tab is None:
+            return
+        dialog = QInputDialog(self)
+        dialog.setWindowTitle("Rename chat")
+        dialog.setLabelText("Title:")
+        dialog.setTextValue(tab.title)
+        dialog.textValueSelected.connect(lambda title: self.rename_chat(tab.chat_id, title))
+        dialog.open()  # not exec(): a nested event loop would re-enter running asyncio tasks
+
+    def _title_changed(self, chat_id: int, title: str) -> None:
+        tab = self.tab_for(chat_id)
+        if tab is not None:
+            index = self.tabs.indexOf(tab)
+            self.tabs.setTabText(index, ("● " if tab.is_streaming else "") + _short(title))
+            self.tabs.setTabToolTip(index, title)
+
+    def _streaming_changed(self, chat_id: int, streaming: bool) -> None:
+        tab = self.tab_for(chat_id)
+        if tab is not None:
+            self._title_changed(chat_id, tab.title)
+
+    def _current_changed(self, index: int) -> None:
+        tab = self.tabs.widget(index)
+        if tab is not None:
+            self.sampler_panel.set_settings(tab.settings())
+            self.setWindowTitle(f"{tab.title} — Tandem")
+        self._save_tabs()
+
+    def _settings_edited(self, settings: dict) -> None:
+        tab = self.current_tab()
+        if tab is not None:
+            tab.set_settings(settings)
+
+    def _default_settings(self) -> dict:
+        presets = {p.name: p.settings for p in self.store.list_presets()}
+        return dict(presets.get("Balanced", {}))
+
+    # --- deleting and exporting -----------------------------------------------------------------------------
+
+    def ask_delete_chat(self, chat_id: int) -> QMessageBox:
+        """Ask before deleting a chat; returns the (non-blocking) question box."""
+        title = self.store.get_chat(chat_id).title
+        box = QMessageBox(
+            QMessageBox.Icon.Question,
+            "Delete chat",
+            f"Delete “{title}” and all its messages? This cannot be undone.",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
+            self,
+        )
+        box.setDefaultButton(QMessageBox.StandardButton.Cancel)
+        box.accepted.connect(lambda: spawn(self.delete_chat(chat_id), name=f"delete-chat-{chat_id}"))
+        box.open()
+        return box
+
+    async def delete_chat(self, chat_id: int) -> None:
+        """Delete a chat now (closing its tab, stopping its answer first)."""
+        tab = self.tab_for(chat_id)
+        if tab is not None:
+            self.tabs.removeTab(self.tabs.indexOf(tab))
+            await self._dispose(tab, delete=True)
+            if self.tabs.count() == 0:
+                self.new_chat()
+            self._save_tabs()
+        else:
+            self.store.delete_chat(chat_id)
+            self.sidebar.refresh()
+
+    def ask_export_chat(self, chat_id: int, fmt: str) -> None:
+        title = self.store.get_chat(chat_id).title
+        suffix = ".md" if fmt == "markdown" else ".json"
+        name = re.sub(r"[^\w\- ]+", "", title).strip() or "chat"
+        dialog = QFileDialog(self, "Export chat", str(Path.home() / (name + suffix)))
+        dialog.setAcceptMode(QFileDialog.AcceptMode.AcceptSave)
+        dialog.setNameFilter("Markdown (*.md)" if fmt == "markdown" else "JSON (*.json)")
+        dialog.setDefaultSuffix(suffix[1:])
+        dialog.fileSelected.connect(lambda path: self.export_chat(chat_id, fmt, path))
+        dialog.open()
+
+    def export_chat(self, chat_id: int, fmt: str, path: str | Path) -> bool:
+        """Write the chat to `path` as Markdown or JSON; a failure is shown in the status bar."""
+        try:
+            if fmt == "markdown":
+                content = self.store.export_markdown(chat_id)
+            elif fmt == "json":
+                content = json.dumps(self.store.export_json(chat_id), indent=2, ensure_ascii=False)
+            else:
+                raise ValueError(f"unknown export format {fmt!r}; use 'markdown' or 'json'")
+            Path(path).write_text(content, encoding="utf-8")
+        except (OSError, ValueError) as e:
+            self.show_error(f"Could not export to {path}: {e}")
+            return False
+        self.statusBar().showMessage(f"Exported to {path}", 5000)
+        return True
+
+    def _stop_current(self) -> None:
+        tab = self.current_tab()
+        if tab is not None:
+            tab.stop()
+
+    def _export_current(self, fmt: str) -> None:
+        tab = self.current_tab()
+        if tab is not None:
+            self.ask_export_chat(tab.chat_id, fmt)
+
+    # --- model ----------------------------------------------------------------------------------------------
+
+    def ask_open_model(self) -> None:
+        dialog = QFileDialog(self, "Open a .gguf file or a model folder")
+        dialog.setNameFilter("Models (*.gguf config.json)")
+        dialog.setFileMode(QFileDialog.FileMode.ExistingFile)
+
+        def chosen(path: str) -> None:
+            # a Hugging Face model is a folder: picking its config.json means the folder
+            target = Path(path).parent if Path(path).name == "config.json" else Path(path)
+            self.service.load_model(target)
+
+        dialog.fileSelected.connect(chosen)
+        dialog.open()
+
+    def show_model_manager(self) -> None:
+        if self._model_manager is None:
+            from app.ui.model_manager import ModelManager
+
+            self._model_manager = ModelManager(self.store, self.service, self)
+        self._model_manager.show()
+        self._model_manager.raise_()
+
+    def show_compare_view(self) -> None:
+        if self._compare_view is None:
+            from app.ui.compare_view import CompareView
+
+            self._compare_view = CompareView(self.store, self.service, self)
+            self._compare_view.setWindowFlag(Qt.WindowType.Window)
+            self._compare_view.setWindowTitle("Compare — Tandem")
+            self._compare_view.resize(1200, 700)
+        self._compare_view.show()
+        self._compare_view.raise_()
+
+    def _loading_started(self, name: str) -> None:
+        self.model_label.setText(f"Loading {name}…")
+        self.load_progress.setValue(0)
+        self.load_progress.setVisible(True)
+        self.error_label.clear()
+
+    def _loading_progress(self, fraction: float) -> None:
+        self.load_progress.setValue(int(fraction * 1000))
+
+    def _model_loaded(self, name: str) -> None:
+        self.model_label.setText(f"Model: {name} · context {self.service.context_length} tokens")
+        self.load_progress.setVisible(False)
+        for tab in self.chat_tabs():
+            tab.refresh_context_meter()
+        if self._pending_prompt is not None:
+            prompt, self._pending_prompt = self._pending_prompt, None
+            self.send_prompt(prompt)
+
+    def _load_failed(self, message: str) -> None:
+        self.load_progress.setVisible(False)
+        self.model_label.setText(f"Model: {self.service.model_name}" if self.service.is_loaded else "No model")
+        self.show_error(message)
+
+    def show_error(self, message: str) -> None:
+        """Show an error in the status bar until the next one (the window keeps working)."""
+        log.warning("%s", message)
+        self.error_label.setText(message)
+        self.error_label.setToolTip(message)
+
+    def send_prompt(self, text: str) -> None:
+        """Type `text` into the current chat and send it, once a model is loaded (`tandem --prompt`)."""
+        if not self.service.is_loaded:
+            self._pending_prompt = text
+            return
+        tab = self.current_tab() or self.new_chat()
+        tab.input.setPlainText(text)
+        tab.send()
+
+    # --- state between runs ---------------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        geometry = self.store.get_setting(GEOMETRY_KEY)
+        if isinstance(geometry, str):
+            self.restoreGeometry(QByteArray.fromBase64(geometry.encode("ascii")))
+        else:
+            self.resize(1240, 780)
+        splitter = self.store.get_setting(SPLITTER_KEY)
+        if isinstance(splitter, str):
+            self.splitter.restoreState(QByteArray.fromBase64(splitter.encode("ascii")))
+        current = self.store.get_setting(CURRENT_TAB_KEY)
+        opened = False
+        self._restoring = True
+        for chat_id in self.store.get_setting(OPEN_TABS_KEY, []) or []:
+            try:
+                self.open_chat(int(chat_id))
+                opened = True
+            except (KeyError, ValueError, TypeError):
+                log.info("chat %r from the last session is gone", chat_id)
+        self._restoring = False
+        if not opened:
+            self.new_chat()
+        if isinstance(current, int) and self.tab_for(current) is not None:
+            self.tabs.setCurrentWidget(self.tab_for(current))
+
+    def _save_tabs(self) -> None:
+        if self._restoring:
+            return
+        self.store.set_setting(OPEN_TABS_KEY, [t.chat_id for t in self.chat_tabs()])
+        current = self.current_tab()
+        self.store.set_setting(CURRENT_TAB_KEY, current.chat_id if current is not None else None)
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt's name)
+        # The loop may stop right after this: save what is streaming now instead of waiting for the jobs.
+        for tab in self.chat_tabs():
+            tab.flush()
+            tab.stop()
+        self._save_tabs()
+        self.store.set_setting(GEOMETRY_KEY, bytes(self.saveGeometry().toBase64()).decode("ascii"))
+        self.store.set_setting(SPLITTER_KEY, bytes(self.splitter.saveState().toBase64()).decode("ascii"))
+        for window in (self._compare_view, self._model_manager):
+            if window is not None:
+                window.close()
+        super().closeEvent(event)
+
+
+def _short(title: str) -> str:
+    return title if len(title) <= _TAB_TITLE_LENGTH else title[: _TAB_TITLE_LENGTH - 1] + "…"
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False

@@ -1,0 +1,256 @@
+"""The conversation: one MessageWidget per message (Markdown, code highlighting, copy, stats, thumbnails)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QPixmap
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QScrollArea,
+    QSizePolicy,
+    QTextBrowser,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.ui.rich_text import COPY_CODE_SCHEME, code_blocks, markdown_to_html
+
+RENDER_INTERVAL_MS = 80  # while streaming, re-render Markdown at most this often (the text itself is never lost)
+_ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
+
+
+def format_stats(stats: dict[str, Any]) -> str:
+    """One line for an answer: tokens, tok/s, time to first token, cached prompt tokens (from the eos result)."""
+    parts = []
+    if "new_tokens" in stats:
+        parts.append(f"{stats['new_tokens']} tokens")
+    if stats.get("tokens_per_second"):
+        parts.append(f"{stats['tokens_per_second']:.1f} tok/s")
+    if stats.get("time_to_first_token") is not None:
+        parts.append(f"first token {stats['time_to_first_token'] * 1000:.0f} ms")
+    if "cached_tokens" in stats and "prompt_tokens" in stats:
+        parts.append(f"{stats['cached_tokens']} of {stats['prompt_tokens']} prompt tokens cached")
+    if stats.get("stopped"):
+        parts.append("stopped")
+    elif stats.get("error"):
+        parts.append(f"failed: {stats['error']}")
+    return " · ".join(parts)
+
+
+class AutoHeightBrowser(QTextBrowser):
+    """A read-only rich-text view as tall as its text, so the surrounding list scrolls instead of it."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setOpenLinks(False)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit)
+        self.viewport().setAutoFillBackground(False)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self._fit()
+
+    def _fit(self, *_: Any) -> None:
+        self.document().setTextWidth(self.viewport().width())
+        height = math.ceil(self.document().size().height()) + 2 * self.frameWidth()
+        if height != self.height():
+            self.setFixedHeight(max(height, 1))
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        return QSize(super().sizeHint().width(), self.height())
+
+
+class MessageWidget(QFrame):
+    """One message: who, its text as Markdown, thumbnails, answer statistics, and its actions."""
+
+    edit_requested = Signal(int)
+    regenerate_requested = Signal(int)
+
+    def __init__(
+        self,
+        message_id: int,
+        role: str,
+        text: str = "",
+        *,
+        image_paths: Sequence[Path] = (),
+        stats: dict[str, Any] | None = None,
+        parent: QWidget | None = None,
+    ):
+        super().__init__(parent)
+        self.message_id = message_id
+        self.role = role
+        self._text = text
+        self._streaming = False
+        self._render_timer = QTimer(self)
+        self._render_timer.setSingleShot(True)
+        self._render_timer.setInterval(RENDER_INTERVAL_MS)
+        self._render_timer.timeout.connect(self._render)
+        self.setObjectName("userMessage" if role == "user" else "assistantMessage")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(10, 6, 10, 6)
+        layout.setSpacing(2)
+        header = QHBoxLayout()
+        name = QLabel(_ROLE_NAMES.get(role, role))
+        name.setObjectName("roleLabel")
+        header.addWidget(name)
+        header.addStretch()
+        self.copy_button = self._tool("Copy", "Copy the message as Markdown", self.copy_text)
+        self.edit_button = self._tool("Edit", "Edit this message and send it again (later messages are replaced)")
+        self.edit_button.clicked.connect(lambda: self.edit_requested.emit(self.message_id))
+        self.regenerate_button = self._tool("Regenerate", "Write this answer again")
+        self.regenerate_button.clicked.connect(lambda: self.regenerate_requested.emit(self.message_id))
+        for button in (self.copy_button, self.edit_button, self.regenerate_button):
+            header.addWidget(button)
+        layout.addLayout(header)
+        # only now do the buttons have a parent: showing a parentless widget would open it as a window
+        self.edit_button.setVisible(role == "user")
+        self.regenerate_button.setVisible(False)
+
+        self.body = AutoHeightBrowser()
+        self.body.anchorClicked.connect(self._link_clicked)
+        layout.addWidget(self.body)
+
+        self.images = QHBoxLayout()
+        self.num_images = 0
+        for path in image_paths:
+            self._add_image(path)
+        self.images.addStretch()
+        layout.addLayout(self.images)
+
+        self.stats_label = QLabel()
+        self.stats_label.setObjectName("statsLabel")
+        self.stats_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout.addWidget(self.stats_label)
+        self.set_stats(stats or {})
+        self._render()
+
+    def _tool(self, text: str, tip: str, slot: Any = None) -> QToolButton:
+        button = QToolButton(text=text)
+        button.setToolTip(tip)
+        button.setAutoRaise(True)
+        if slot is not None:
+            button.clicked.connect(slot)
+        return button
+
+    def _add_image(self, path: Path) -> None:
+        pixmap = QPixmap(str(path))
+        label = QLabel()
+        label.setObjectName("messageImage")
+        if pixmap.isNull():
+            label.setText(f"[missing image {Path(path).name}]")
+        else:
+            label.setPixmap(
+                pixmap.scaled(
+                    QSize(160, 160), Qt.AspectRatioMode.KeepAspectRatio, Qt.TransformationMode.SmoothTransformation
+                )
+            )
+        label.setToolTip(str(path))
+        self.images.addWidget(label)
+        self.num_images += 1
+
+    # --- content --------------------------------------------------------------------------------------------
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    def set_text(self, text: str) -> None:
+        """Show `text`; while streaming the Markdown re-render is coalesced to RENDER_INTERVAL_MS."""
+        self._text = text
+        if not self._streaming:
+            self._render()
+        elif not self._render_timer.isActive():
+            self._render_timer.start()
+
+    def set_streaming(self, streaming: bool) -> None:
+        self._streaming = streaming
+        self.copy_button.setEnabled(not streaming)
+        if not streaming:
+            self._render_timer.stop()
+            self._render()
+
+    def set_stats(self, stats: dict[str, Any]) -> None:
+        line = format_stats(stats)
+        self.stats_label.setText(line)
+        self.stats_label.setVisible(bool(line))
+
+    def set_actions(self, *, can_edit: bool, can_regenerate: bool) -> None:
+        self.edit_button.setVisible(self.role == "user")
+        self.edit_button.setEnabled(can_edit)
+        self.regenerate_button.setVisible(can_regenerate)
+
+    def copy_text(self) -> None:
+        QGuiApplication.clipboard().setText(self._text)
+
+    def _render(self) -> None:
+        if self.role == "user":
+            self.body.setPlainText(self._text)  # what the user typed, exactly
+        else:
+            self.body.setHtml(markdown_to_html(self._text) or "<i>…</i>")
+
+    def _link_clicked(self, url: QUrl) -> None:
+        if url.scheme() == COPY_CODE_SCHEME:
+            blocks = code_blocks(self._text)
+            index = int(url.path() or 0)
+            if 0 <= index < len(blocks):
+                QGuiApplication.clipboard().setText(blocks[index])
+        elif url.scheme() in ("http", "https", "mailto"):
+            QDesktopServices.openUrl(url)
+
+
+class MessageView(QScrollArea):
+    """A scrolling column of MessageWidgets that follows new text while it is scrolled to the bottom."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWidgetResizable(True)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setObjectName("messageView")
+        inner = QWidget()
+        inner.setObjectName("messageColumn")
+        self._layout = QVBoxLayout(inner)
+        self._layout.setContentsMargins(12, 12, 12, 12)
+        self._layout.setSpacing(10)
+        self._layout.addStretch()
+        self.setWidget(inner)
+        self._follow = True
+        bar = self.verticalScrollBar()
+        bar.valueChanged.connect(lambda value: setattr(self, "_follow", value >= bar.maximum() - 8))
+        bar.rangeChanged.connect(lambda _lo, hi: self._follow and bar.setValue(hi))
+
+    def add_message(self, widget: MessageWidget) -> MessageWidget:
+        self._layout.insertWidget(self._layout.count() - 1, widget)
+        self._follow = True
+        return widget
+
+    def message_widgets(self) -> list[MessageWidget]:
+        items = (self._layout.itemAt(i).widget() for i in range(self._layout.count()))
+        return [w for w in items if isinstance(w, MessageWidget)]
+
+    def remove_from(self, message_id: int) -> None:
+        """Remove the widget of `message_id` and every later one (edit-and-resend, regenerate)."""
+        found = False
+        for widget in self.message_widgets():
+            found = found or widget.message_id == message_id
+            if found:
+                self._layout.removeWidget(widget)
+                widget.deleteLater()
+
+    def clear(self) -> None:
+        for widget in self.message_widgets():
+            self._layout.removeWidget(widget)
+            widget.deleteLater()

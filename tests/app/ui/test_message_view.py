@@ -1,0 +1,116 @@
+"""Markdown rendering with highlighted code blocks, copy actions, and the stats line.
+
+Bad inputs tried: an unclosed fence (an answer still streaming), an unknown fence language, raw HTML in
+the answer (shown as text, not rendered), a fence with more backticks closed by fewer (not closed).
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QApplication, QWidget
+
+from app.ui.message_view import MessageWidget, format_stats
+from app.ui.rich_text import code_blocks, markdown_to_html, split_fences
+
+ANSWER = """Here is **the** function:
+
+```python
+def add(a, b):
+    return a + b
+```
+
+And a shell line:
+
+~~~bash
+echo hi
+~~~
+"""
+
+
+def test_split_fences():
+    segments = split_fences(ANSWER)
+    assert [(s.kind, s.language) for s in segments] == [
+        ("prose", ""),
+        ("code", "python"),
+        ("prose", ""),
+        ("code", "bash"),
+    ]
+    assert segments[1].text == "def add(a, b):\n    return a + b"
+    assert code_blocks("text\n```\nstill streaming") == ["still streaming"]  # unclosed: code to the end
+    assert code_blocks("````\na\n```\nb\n````") == ["a\n```\nb"]  # a shorter fence does not close it
+
+
+def test_html_highlights_code_and_escapes_raw_html():
+    html = markdown_to_html(ANSWER)
+    assert "copy-code:0" in html and "copy-code:1" in html
+    assert "font-weight:" in html or "font-weight: bold" in html  # **the** and keyword styling
+    assert '<span style="color: #008000; font-weight: bold">def</span>' in html  # pygments' keyword colour
+    raw = markdown_to_html("<b>not bold</b> <img src='file:///etc/passwd'>")
+    assert "&lt;b&gt;" in raw and "<img" not in raw
+    unknown = markdown_to_html("```klingon\nqapla'\n```")
+    assert "qapla" in unknown and "copy-code:0" in unknown
+
+
+def test_message_widget_renders_and_copies(qtbot):
+    widget = MessageWidget(1, "assistant", ANSWER, stats={"new_tokens": 5, "stopped": True})
+    qtbot.addWidget(widget)
+    widget.resize(600, 400)
+    widget.show()
+    assert "def add" in widget.body.toPlainText() and "**" not in widget.body.toPlainText()
+    assert widget.body.height() > 40  # sized to its text, not a scrolling box
+    widget.body.anchorClicked.emit(QUrl("copy-code:0"))
+    assert QGuiApplication.clipboard().text() == "def add(a, b):\n    return a + b"
+    widget.body.anchorClicked.emit(QUrl("copy-code:1"))
+    assert QGuiApplication.clipboard().text() == "echo hi"
+    widget.copy_button.click()
+    assert QGuiApplication.clipboard().text() == ANSWER
+    assert widget.stats_label.text() == "5 tokens · stopped"
+
+
+def test_user_text_is_shown_as_typed(qtbot):
+    widget = MessageWidget(2, "user", "**not bold** <i>x</i>")
+    qtbot.addWidget(widget)
+    assert widget.body.toPlainText() == "**not bold** <i>x</i>"
+    assert widget.edit_button.isVisibleTo(widget) and not widget.regenerate_button.isVisibleTo(widget)
+
+
+def test_making_a_message_does_not_steal_the_active_window(qtbot):
+    # regression: a button shown before it had a parent opened as its own window and took activation
+    owner = QWidget()
+    qtbot.addWidget(owner)
+    owner.show()
+    owner.activateWindow()
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is owner, timeout=2000)
+    widget = MessageWidget(4, "user", "hello")
+    qtbot.addWidget(widget)
+    qtbot.wait(20)
+    assert QApplication.activeWindow() is owner
+    assert not [w for w in QApplication.topLevelWidgets() if w.isVisible() and w is not owner]
+
+
+def test_streaming_render_is_coalesced(qtbot):
+    widget = MessageWidget(3, "assistant", "")
+    qtbot.addWidget(widget)
+    widget.set_streaming(True)
+    widget.set_text("Hello")
+    widget.set_text("Hello **world**")
+    assert widget.text == "Hello **world**"
+    qtbot.waitUntil(lambda: "world" in widget.body.toPlainText(), timeout=2000)
+    assert "**" not in widget.body.toPlainText()
+    assert not widget.copy_button.isEnabled()
+    widget.set_streaming(False)
+    assert widget.copy_button.isEnabled()
+
+
+def test_format_stats():
+    stats = {
+        "new_tokens": 24,
+        "prompt_tokens": 30,
+        "cached_tokens": 16,
+        "tokens_per_second": 123.456,
+        "time_to_first_token": 0.0421,
+    }
+    assert format_stats(stats) == "24 tokens · 123.5 tok/s · first token 42 ms · 16 of 30 prompt tokens cached"
+    assert format_stats({}) == ""
+    assert format_stats({"new_tokens": 3, "stopped": False, "error": "boom"}) == "3 tokens · failed: boom"
