@@ -125,8 +125,10 @@ class JobSession:
             r = self._streaming(update.emitted, upto=idx + 1)
             return self._eos(r, "stop_string", string=update.stop_string), None
         if len(self.generated) >= job.max_new_tokens:
-            emitted = update.emitted + self.detok.flush()
-            emitted += self.text.flush()
+            # A character left incomplete at the end is flushed through the tracker, so the streamed text
+            # and full_completion stay the same string.
+            self.text.held += self.detok.flush()
+            emitted = update.emitted + self.text.flush()
             r = self._streaming(emitted, upto=len(self.generated))
             return self._eos(r, "max_new_tokens"), None
         upto = self.text.held_tokens[0][0] if self.text.held_tokens else len(self.generated)

@@ -105,3 +105,16 @@ def test_unpaged_generator_runs_one_job_at_a_time(tiny_model):
 def test_max_batch_size_defaults_from_the_cache(tiny_model):
     assert make_gen(tiny_model, pages=8).max_batch_size == 8
     assert make_gen(tiny_model, pages=8, max_batch_size=3).max_batch_size == 3
+
+
+def test_incomplete_character_at_max_new_tokens_is_in_both_stream_and_completion(tiny_model):
+    tok = tiny_model.tokenizer
+    # Force the first byte of a 4-byte emoji as the last token: it can never complete.
+    fox = tok.encode("🦊")[0].tolist()
+    first_byte = fox[0]
+    bias = torch.zeros(tiny_model.config.vocab_size)
+    bias[first_byte] = 100.0
+    job = DynamicJob(torch.tensor([[5, 6, 7]]), 2, gen_settings=SamplerSettings.greedy(token_bias=bias), identifier=0)
+    run = Run(make_gen(tiny_model), [job])
+    assert run.ids(0) == [first_byte, first_byte]
+    assert run.text(0) == run.eos(0)["full_completion"] == tok.decode([first_byte, first_byte])
