@@ -7,13 +7,19 @@ from collections.abc import Sequence
 import torch
 
 from kernels import dispatch
-from kernels.torch_ref import activation, attention, norm, rope
+from kernels.torch_ref import activation, attention, norm, quant, rope
 
 dispatch.register("write_kv", attention.write_kv, reference=True)
 dispatch.register("paged_attention", attention.paged_attention, reference=True)
 dispatch.register("rms_norm", norm.rms_norm, reference=True)
 dispatch.register("apply_rope", rope.apply_rope, reference=True)
 dispatch.register("silu_and_mul", activation.silu_and_mul, reference=True)
+dispatch.register("linear_int4", quant.linear_int4_cpu)
+dispatch.register("linear_int4", quant.linear_int4, reference=True)
+
+# Packing is done once at load time, not dispatched: every backend reads the layout these produce.
+can_pack_int4 = quant.can_pack
+pack_int4 = quant.pack_int4
 
 
 def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
@@ -55,3 +61,8 @@ def apply_rope(x, cos, sin):
 
 def silu_and_mul(x):
     return dispatch.call("silu_and_mul", x)
+
+
+def linear_int4(x, packed, scales_and_zeros, group_size: int, bias=None):
+    """x @ W.T (+ bias) for a 4-bit weight packed by `kernels.torch_ref.quant.pack_int4` (layout in that module)."""
+    return dispatch.call("linear_int4", x, packed, scales_and_zeros, group_size, bias)

@@ -2,6 +2,8 @@
 
 Quantized tensors are dequantized with the `gguf` package, one tensor at a time, then cast to the
 requested dtype and moved to the device, so the peak memory is the result plus one float32 tensor.
+With `quantized="int4"`, Q4_0 / Q4_1 projection weights are instead returned as `QuantizedWeight`
+records (4-bit values plus per-block scale and zero) for the model to pack.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from engine.config import ModelConfig
 from engine.errors import CorruptFileError, ModelLoadError, TensorMismatchError, UnsupportedArchitectureError
 from engine.loading.gguf_file import GGUFFile
+from engine.models.linear import QuantizedWeight
 
 log = logging.getLogger(__name__)
 
@@ -55,19 +58,24 @@ def load_gguf(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     progress: Callable[[float], None] | None = None,
-) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    quantized: str | None = None,
+) -> tuple[ModelConfig, dict[str, torch.Tensor | QuantizedWeight]]:
     """Read a llama / qwen2 / qwen3 GGUF file into `(config, state_dict)`.
 
     The state dict uses Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...) and the
     Hugging Face layout (llama.cpp's q/k row order undone); every tensor is `dtype` on `device`, except
     `rope_freq_factors` (llama3-style rope, present only if the file has `rope_freqs.weight`), which
-    stays float32. `progress(fraction)` is called as tensors load.
+    stays float32. `progress(fraction)` is called as tensors load. `quantized="int4"` keeps Q4_0 / Q4_1
+    attention and MLP projection weights 4-bit (`QuantizedWeight`, same Hugging Face row order); None
+    dequantizes everything.
 
     Raises MissingFileError, CorruptFileError, UnsupportedArchitectureError, TensorMismatchError, or
     ModelLoadError for a tensor type that cannot be dequantized; nothing is returned half-loaded.
     """
     import gguf  # heavy import kept out of module import time
 
+    if quantized not in (None, "int4"):
+        raise ValueError(f"quantized={quantized!r} is not supported; use 'int4' or None")
     file = GGUFFile.open(path)
     path = file.path
     if file.reader.byte_order != "I":
@@ -91,16 +99,22 @@ def load_gguf(
     total_bytes = sum(int(t.n_bytes) for _, t in selected) or 1
     done_bytes = 0
     report(0.0)
-    state_dict: dict[str, torch.Tensor] = {}
+    state_dict: dict[str, torch.Tensor | QuantizedWeight] = {}
     for hf_name, t in selected:
+        keep_int4 = quantized == "int4" and hf_name.endswith("_proj.weight") and t.tensor_type.name in _INT4_TYPES
         try:
-            values = _dequantize(t, gguf)
-        except (ValueError, IndexError, TypeError, AssertionError) as e:
+            values = _int4_weight(t, dtype) if keep_int4 else _dequantize(t, gguf)
+        except (ValueError, IndexError, TypeError, AssertionError, RuntimeError) as e:
             raise CorruptFileError(
                 f"{path}: tensor {t.name} ({t.tensor_type.name}) could not be decoded "
                 f"({type(e).__name__}: {e}). The file may be damaged; download it again."
             ) from None
-        if hf_name == ROPE_FREQ_FACTORS:
+        if isinstance(values, QuantizedWeight):
+            values = values.map_rows(lambda rows: rows.to(device))
+            if config.architecture == ARCHITECTURES["llama"]:
+                values = values.map_rows(lambda rows, name=hf_name: _unpermute_llama_qk(name, rows, config))
+            state_dict[hf_name] = values
+        elif hf_name == ROPE_FREQ_FACTORS:
             state_dict[hf_name] = values.to(device=device, dtype=torch.float32)
         else:
             values = values.to(device=device, dtype=dtype)
@@ -344,6 +358,30 @@ def _dequantize(t: Any, gguf: Any) -> torch.Tensor:
         raw = np.array(t.data, dtype=np.uint8).view(np.int16)
         return torch.from_numpy(raw).view(torch.bfloat16).reshape(shape)
     return torch.from_numpy(gguf.quants.dequantize(t.data, qtype)).reshape(shape)
+
+
+_INT4_TYPES = ("Q4_0", "Q4_1")
+
+
+def _int4_weight(t: Any, dtype: torch.dtype) -> QuantizedWeight:
+    """A Q4_0 / Q4_1 tensor's blocks as 4-bit values with a scale and zero per block of 32 columns.
+
+    ggml's blocks: Q4_0 = f16 d, 16 bytes; value d * (q - 8). Q4_1 = f16 d, f16 m, 16 bytes; value d * q + m.
+    Byte j of a block holds element j in its low nibble and element j + 16 in its high nibble. Both are
+    (q - 8) * scale + zero with scale = d and zero = 0 (Q4_0) or m + 8 d (Q4_1).
+    """
+    num_rows, num_cols = (int(d) for d in reversed(t.shape.tolist()))
+    has_min = t.tensor_type.name == "Q4_1"
+    header = 4 if has_min else 2
+    blocks = torch.from_numpy(np.array(t.data, dtype=np.uint8)).reshape(num_rows, num_cols // 32, header + 16)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()  # [N, K / 32]
+    qs = blocks[..., header:]
+    values = torch.cat((qs & 15, qs >> 4), dim=-1).reshape(num_rows, num_cols)  # [N, K] uint8
+    if has_min:
+        zeros = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1).float() + 8.0 * d
+    else:
+        zeros = torch.zeros_like(d)
+    return QuantizedWeight(values, d, zeros, group_size=32, dtype=dtype)
 
 
 def _unpermute_llama_qk(hf_name: str, values: torch.Tensor, config: ModelConfig) -> torch.Tensor:

@@ -27,6 +27,16 @@ def default_dtype(device: torch.device, checkpoint_dtype: str | None) -> torch.d
     return torch.bfloat16
 
 
+QUANTIZED_CHOICES = ("auto", "int4", None)
+
+
+def default_quantized(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Keep Q4_0 / Q4_1 GGUF weights 4-bit for bfloat16 on CPU, where decode is memory-bound and torch has an
+    int4 matmul; float32 stays dequantized so it is the exact reference, and other devices have no kernel yet.
+    """
+    return "int4" if device.type == "cpu" and dtype == torch.bfloat16 else None
+
+
 def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
     if name is None or isinstance(name, torch.dtype):
         return name
@@ -41,10 +51,14 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | str | None = None,
     progress: Callable[[float], None] | None = None,
+    quantized: str | None = "auto",
 ) -> Model:
+    """Load `path` (a Hugging Face folder or a .gguf file) as the right `Model` subclass; see `Model.load`."""
     path = Path(path).expanduser()
     device = torch.device(device)
     dtype = parse_dtype(dtype)
+    if quantized not in QUANTIZED_CHOICES:
+        raise ValueError(f"quantized={quantized!r} is not one of {', '.join(map(repr, QUANTIZED_CHOICES))}")
     if not path.exists():
         raise MissingFileError(f"{path} does not exist. Pass a Hugging Face model folder or a .gguf file.")
     freq_factors = None
@@ -57,7 +71,8 @@ def load_model(
 
         # GGUF checkpoints are mostly quantized: their "native" dtype says nothing, so use the device default.
         target = dtype or default_dtype(device, None)
-        config, tensors = load_gguf(path, dtype=target, device=device, progress=progress)
+        keep = default_quantized(device, target) if quantized == "auto" else quantized
+        config, tensors = load_gguf(path, dtype=target, device=device, progress=progress, quantized=keep)
         freq_factors = tensors.pop("rope_freq_factors", None)
     else:
         from engine.loading.safetensors import load_safetensors

@@ -13,6 +13,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.errors import TensorMismatchError
 from engine.models.batch import Batch
+from engine.models.linear import Linear, QuantizedWeight
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +41,17 @@ class Model(nn.Module):
         device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None,
         progress: Callable[[float], None] | None = None,
+        quantized: str | None = "auto",
     ) -> Model:
-        """Load a model folder or .gguf file; `progress(fraction)` is called as tensors load."""
+        """Load a model folder or .gguf file; `progress(fraction)` is called as tensors load.
+
+        `quantized` applies to GGUF files: "int4" keeps Q4_0 / Q4_1 projection weights packed 4-bit (read
+        directly by the matmul), None dequantizes every tensor to `dtype`, and "auto" means "int4" for
+        bfloat16 on CPU and None otherwise. Safetensors folders are always loaded as float.
+        """
         from engine.loading.model import load_model
 
-        return load_model(path, device=device, dtype=dtype, progress=progress)
+        return load_model(path, device=device, dtype=dtype, progress=progress, quantized=quantized)
 
     @property
     def tokenizer(self):
@@ -75,11 +82,16 @@ class Model(nn.Module):
         """The checkpoint tensors that make up parameter `name`, concatenated on dim 0. Identity by default."""
         return (name,)
 
-    def load_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Fill this (meta-device) model from checkpoint-named tensors, checking every name and shape."""
+    def load_tensors(self, tensors: dict[str, torch.Tensor | QuantizedWeight]) -> None:
+        """Fill this (meta-device) model from checkpoint-named tensors, checking every name and shape.
+
+        A `QuantizedWeight` (4-bit GGUF blocks) is packed into its `Linear` when every part of the parameter
+        is one with the same group size; anywhere else it is dequantized to a float weight.
+        """
         state: dict[str, torch.Tensor] = {}
+        quantized: dict[str, QuantizedWeight] = {}
         for name, param in self.named_parameters(remove_duplicate=False):
-            if name in state:
+            if name in state or name in quantized:
                 continue
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue
@@ -91,14 +103,20 @@ class Model(nn.Module):
                         "The checkpoint is incomplete or is not of this architecture."
                     )
                 parts.append(tensors[src])
-            value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+            value = _combine(parts, self.get_submodule(name.rsplit(".", 1)[0]) if "." in name else self)
             if tuple(value.shape) != tuple(param.shape):
                 raise TensorMismatchError(
                     f"tensor {' + '.join(self.checkpoint_names(name))} has shape {tuple(value.shape)} but the "
                     f"config implies {tuple(param.shape)}. config.json and the weights do not belong together."
                 )
-            state[name] = value
+            if isinstance(value, QuantizedWeight):
+                quantized[name] = value
+            else:
+                state[name] = value
         self.load_state_dict(state, strict=False, assign=True)
+        for name, value in quantized.items():
+            module = self.get_submodule(name.rsplit(".", 1)[0])
+            module.load_quantized(value, device=value.values.device)
         if self.config.tie_word_embeddings:
             self.tie_weights()
         missing = [n for n, p in self.named_parameters() if p.is_meta]
@@ -110,3 +128,16 @@ class Model(nn.Module):
 
     def forward(self, inputs: torch.Tensor, positions: torch.Tensor, batch: Batch) -> torch.Tensor:
         raise NotImplementedError
+
+
+def _combine(parts: list[torch.Tensor | QuantizedWeight], module: nn.Module) -> torch.Tensor | QuantizedWeight:
+    """Concatenate checkpoint tensors on dim 0, keeping them 4-bit only where `module` can hold that."""
+    keep_quantized = (
+        isinstance(module, Linear)
+        and all(isinstance(p, QuantizedWeight) for p in parts)
+        and len({(p.group_size, p.shape[1]) for p in parts}) == 1
+    )
+    if keep_quantized:
+        return parts[0] if len(parts) == 1 else QuantizedWeight.cat(parts)
+    parts = [p.dequantize() if isinstance(p, QuantizedWeight) else p for p in parts]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from engine.models.batch import Batch
+from engine.models.linear import Linear
 from kernels import ops
 
 
@@ -39,8 +40,8 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
         self.sliding_window = sliding_window
         self.scale = head_dim**-0.5
-        self.qkv_proj = nn.Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=o_bias)
+        self.qkv_proj = Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=qkv_bias)
+        self.o_proj = Linear(num_heads * head_dim, hidden_size, bias=o_bias)
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(head_dim, qk_norm_eps)
             self.k_norm = RMSNorm(head_dim, qk_norm_eps)
@@ -78,8 +79,8 @@ class Attention(nn.Module):
 class GatedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool):
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))

@@ -1,0 +1,153 @@
+"""GGUF Q4_0 / Q4_1 weights kept packed 4-bit: same logits and greedy tokens as the dequantized model."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.cache import Cache
+from engine.models import Batch, Model
+from engine.models.linear import Linear, QuantizedWeight
+from kernels import dispatch
+from kernels.torch_ref import quant
+
+# The GGUF writer the loading tests use (tests are not a package, so load it by path).
+_spec = importlib.util.spec_from_file_location(
+    "gguf_kit_conftest", Path(__file__).parents[1] / "loading" / "conftest.py"
+)
+kit = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(kit)
+
+PROMPT = [1, 5, 9, 11, 20, 7, 3, 14]
+TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+
+
+def _logits(model: Model, ids: list[int]) -> torch.Tensor:
+    cache = Cache(model, max_seq_len=64, page_size=16)
+    batch = Batch.build(cache, [[0, 1, 2, 3]], [0], [len(ids)], logits="all")
+    return model(torch.tensor(ids), batch.positions(), batch)
+
+
+def _greedy(model: Model, ids: list[int], steps: int) -> list[int]:
+    """Prefill `ids`, then decode `steps` tokens one at a time over the paged cache."""
+    cache = Cache(model, max_seq_len=64, page_size=16)
+    past, new, out = 0, list(ids), []
+    for _ in range(steps):
+        batch = Batch.build(cache, [[0, 1, 2, 3]], [past], [len(new)])
+        token = int(model(torch.tensor(new), batch.positions(), batch)[-1].argmax())
+        past, new = past + len(new), [token]
+        out.append(token)
+    return out
+
+
+def _projections(model: Model) -> list[Linear]:
+    return [m for m in model.modules() if isinstance(m, Linear)]
+
+
+def _write(tmp_path: Path, architecture: str, qtype: str) -> Path:
+    model = kit.tiny_model(architecture, **TINY)
+    return kit.write_gguf(tmp_path / f"tiny-{qtype}.gguf", model, qtype).path
+
+
+@pytest.mark.parametrize(
+    "architecture,qtype",
+    [("LlamaForCausalLM", "Q4_1"), ("LlamaForCausalLM", "Q4_0"), ("Qwen2ForCausalLM", "Q4_0")],
+)
+def test_packed_model_matches_dequantized(tmp_path, architecture, qtype):
+    path = _write(tmp_path, architecture, qtype)
+    reference = Model.load(path, dtype=torch.float32, quantized=None)
+    packed = Model.load(path, dtype=torch.float32, quantized="int4")
+    assert all(m.is_quantized for m in _projections(packed)) and len(_projections(packed)) == 4 * 2
+    assert not any(m.is_quantized for m in _projections(reference))
+    assert not packed.lm_head.weight.is_meta and packed.model.embed_tokens.weight.dtype == torch.float32
+    torch.testing.assert_close(_logits(packed, PROMPT), _logits(reference, PROMPT), rtol=1e-5, atol=1e-4)
+    assert _greedy(packed, PROMPT, 6) == _greedy(reference, PROMPT, 6)
+
+
+def test_packed_weights_equal_the_unpermuted_float_weights(tmp_path):
+    # llama.cpp interleaves each q/k head's rotary halves; the loader must undo that on the integer rows
+    # and on their scale/zero rows alike, so the packed weight is exactly the dequantized HF-order weight.
+    path = _write(tmp_path, "LlamaForCausalLM", "Q4_1")
+    reference = Model.load(path, dtype=torch.float32, quantized=None)
+    packed = Model.load(path, dtype=torch.float32, quantized="int4")
+    for ref, layer in zip(reference.model.layers, packed.model.layers):
+        for name in ("qkv_proj", "o_proj"):
+            module = getattr(layer.self_attn, name)
+            weight = quant.dequantize_int4(module.packed, module.scales_and_zeros, 32, torch.float32)
+            torch.testing.assert_close(weight, getattr(ref.self_attn, name).weight, rtol=0, atol=1e-6)
+
+
+def test_forced_reference_gives_the_same_logits(tmp_path, monkeypatch):
+    path = _write(tmp_path, "LlamaForCausalLM", "Q4_1")
+    packed = Model.load(path, dtype=torch.float32, quantized="int4")
+    monkeypatch.setattr(dispatch, "_force_reference", False)
+    fast = _logits(packed, PROMPT)
+    monkeypatch.setattr(dispatch, "_force_reference", True)  # what TANDEM_FORCE_REFERENCE=1 sets
+    assert dispatch.candidates("linear_int4") == [quant.linear_int4]
+    torch.testing.assert_close(_logits(packed, PROMPT), fast, rtol=1e-5, atol=1e-4)
+
+
+def test_bfloat16_on_cpu_packs_by_default_and_float32_does_not(tmp_path):
+    path = _write(tmp_path, "LlamaForCausalLM", "Q4_0")
+    assert all(m.is_quantized for m in _projections(Model.load(path, dtype=torch.bfloat16)))
+    assert not any(m.is_quantized for m in _projections(Model.load(path, dtype=torch.float32)))
+    bf16 = Model.load(path, dtype=torch.bfloat16)
+    assert bf16.model.layers[0].mlp.down_proj.scales_and_zeros.dtype == torch.bfloat16
+    assert not any(m.is_quantized for m in _projections(Model.load(path, dtype=torch.bfloat16, quantized=None)))
+
+
+def test_misspelled_quantized_option_is_an_error(tmp_path):
+    path = _write(tmp_path, "LlamaForCausalLM", "Q4_0")
+    with pytest.raises(ValueError, match="int8"):
+        Model.load(path, dtype=torch.float32, quantized="int8")
+
+
+def test_non_int4_tensors_stay_float(tmp_path):
+    # Q8_0 projections (as some Q4 files hold for a few layers) are dequantized even when int4 is asked for
+    path = _write(tmp_path, "LlamaForCausalLM", "Q8_0")
+    model = Model.load(path, dtype=torch.float32, quantized="int4")
+    assert not any(m.is_quantized for m in _projections(model))
+
+
+def test_shape_the_kernel_cannot_hold_falls_back_to_float():
+    g = torch.Generator().manual_seed(0)
+    values = torch.randint(0, 16, (24, 64), generator=g, dtype=torch.uint8)  # 24 rows: not a multiple of 16
+    weight = QuantizedWeight(values, torch.rand(24, 2, generator=g), torch.randn(24, 2, generator=g), 32, torch.float32)
+    module = Linear(64, 24, bias=False)
+    module.load_quantized(weight, device="cpu")
+    assert not module.is_quantized
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(module(x), x @ weight.dequantize().t())
+
+
+def test_starter_packed_matches_dequantized(starter_gguf):
+    reference = Model.load(starter_gguf, dtype=torch.float32, quantized=None)
+    packed = Model.load(starter_gguf, dtype=torch.float32, quantized="int4")
+    assert all(m.is_quantized for m in _projections(packed))
+    prompt = [1, 504, 3458, 314, 260, 1142, 282, 4763, 30, 198]
+    torch.testing.assert_close(_logits(packed, prompt), _logits(reference, prompt), rtol=1e-4, atol=1e-3)
+    assert _greedy(packed, prompt, 4) == _greedy(reference, prompt, 4)
+
+
+def test_mixed_quant_types_in_one_fused_projection_fall_back_to_float(tmp_path):
+    # real Q4 files keep some tensors at higher precision; a fused qkv with one float part is dequantized whole
+    from engine.loading.gguf import load_gguf
+    from engine.models.llama import LlamaForCausalLM
+
+    path = _write(tmp_path, "LlamaForCausalLM", "Q4_1")
+    config, tensors = load_gguf(path, dtype=torch.float32, quantized="int4")
+    name = "model.layers.0.self_attn.k_proj.weight"
+    assert isinstance(tensors[name], QuantizedWeight)
+    tensors[name] = tensors[name].dequantize()
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model.load_tensors(tensors)
+    model.rope.inv_freq = model.rope.inv_freq.to("cpu")
+    assert not model.model.layers[0].self_attn.qkv_proj.is_quantized
+    assert model.model.layers[1].self_attn.qkv_proj.is_quantized and model.model.layers[0].mlp.down_proj.is_quantized
+    reference = Model.load(path, dtype=torch.float32, quantized=None)
+    torch.testing.assert_close(_logits(model, PROMPT), _logits(reference, PROMPT), rtol=1e-5, atol=1e-4)
