@@ -37,7 +37,7 @@ from app.ui.attachments import (
 )
 from app.ui.chat_input import ChatInput
 from app.ui.message_view import MessageView, MessageWidget
-from app.ui.sampler_settings import complete_settings, sampler_kwargs
+from app.ui.sampler_settings import complete_settings
 from app.ui.tasks import spawn
 
 log = logging.getLogger(__name__)
@@ -378,7 +378,7 @@ class ChatTab(QWidget):
         try:
             job = self.service.start_job(
                 input_ids,
-                sampler_kwargs(settings),
+                settings,
                 max_new_tokens=min(int(settings["max_new_tokens"]), room),
                 seed=seed,
                 identifier=self.chat_id,

@@ -25,7 +25,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.ui.sampler_settings import SAMPLER_FIELDS, complete_settings, sampler_settings
+from app.service import sampler_settings
+from app.ui.sampler_settings import SAMPLER_FIELDS, complete_settings
 
 log = logging.getLogger(__name__)
 

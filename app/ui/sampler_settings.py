@@ -58,27 +58,3 @@ def complete_settings(settings: dict[str, Any] | None) -> dict[str, Any]:
         log.warning("ignoring a token_bias that is not {token id: bias}: %r", bias)
         out["token_bias"] = None
     return out
-
-
-def sampler_kwargs(settings: dict[str, Any]) -> dict[str, Any]:
-    """Keyword arguments for SamplerSettings from a settings dict (generation keys left out)."""
-    out: dict[str, Any] = {}
-    for name in SAMPLER_FIELDS:
-        if name not in settings:
-            continue
-        value = settings[name]
-        if name == "token_bias" and value:
-            value = {int(k): float(v) for k, v in value.items()}
-        elif name == "token_bias":
-            value = None
-        elif name == "disallowed_tokens":
-            value = frozenset(int(t) for t in value or ())
-        elif name == "dry_sequence_breakers":
-            value = tuple(value)
-        out[name] = value
-    return out
-
-
-def sampler_settings(settings: dict[str, Any]) -> SamplerSettings:
-    """The SamplerSettings a settings dict describes (ValueError/TypeError for a bad value, naming the field)."""
-    return SamplerSettings(**sampler_kwargs(settings))
