@@ -67,13 +67,12 @@ class ExLlamaV2Config:
             self._gguf = None
             config = ModelConfig.from_file(path / "config.json")
         elif path.suffix.lower() == ".gguf":
-            from engine.loading.gguf import _config_from_metadata  # the GGUF loader's metadata-only step
+            from engine.loading.gguf import read_gguf_config
             from engine.loading.gguf_file import GGUFFile
 
             if self._gguf is None or self._gguf.path != path:  # examples call prepare() twice
                 self._gguf = GGUFFile.open(path)
-            f = self._gguf
-            config = _config_from_metadata(f.path, f.architecture, f.metadata, {t.name: t for t in f.tensors})
+            config = read_gguf_config(self._gguf)
         else:
             raise ModelLoadError(f"{path} is a file but not a .gguf file. Pass a .gguf file or a folder.")
         self.arch_config = config

@@ -78,19 +78,8 @@ def load_gguf(
         raise ValueError(f"quantized={quantized!r} is not supported; use 'int4' or None")
     file = GGUFFile.open(path)
     path = file.path
-    if file.reader.byte_order != "I":
-        raise ModelLoadError(
-            f"{path} is a big-endian GGUF file; Tandem reads little-endian GGUF only. "
-            "Use the little-endian version of the model."
-        )
-    try:
-        metadata = file.metadata
-    except (UnicodeDecodeError, ValueError, IndexError) as e:
-        raise CorruptFileError(
-            f"{path} has unreadable metadata ({type(e).__name__}: {e}). It may be damaged; download it again."
-        ) from None
+    config = read_gguf_config(file)
     tensors = {t.name: t for t in file.tensors}
-    config = _config_from_metadata(path, file.architecture, metadata, tensors)
 
     selected = _select_tensors(path, config, tensors)
     _check_types(path, [t for _, t in selected], gguf)
@@ -125,6 +114,23 @@ def load_gguf(
         report(done_bytes / total_bytes)
     log.info("loaded %d tensors of %s (%s) as %s on %s", len(state_dict), path, config.architecture, dtype, device)
     return config, state_dict
+
+
+def read_gguf_config(file: GGUFFile) -> ModelConfig:
+    """The model config from a GGUF file's metadata alone (no tensor data is read)."""
+    path = file.path
+    if file.reader.byte_order != "I":
+        raise ModelLoadError(
+            f"{path} is a big-endian GGUF file; Tandem reads little-endian GGUF only. "
+            "Use the little-endian version of the model."
+        )
+    try:
+        metadata = file.metadata
+    except (UnicodeDecodeError, ValueError, IndexError) as e:
+        raise CorruptFileError(
+            f"{path} has unreadable metadata ({type(e).__name__}: {e}). It may be damaged; download it again."
+        ) from None
+    return _config_from_metadata(path, file.architecture, metadata, {t.name: t for t in file.tensors})
 
 
 def _config_from_metadata(path: Path, arch: str, metadata: dict[str, Any], tensors: dict[str, Any]) -> ModelConfig:
