@@ -17,7 +17,6 @@ import threading
 import time
 
 import pytest
-import qasync
 import torch
 
 from app.service import EngineService, HubDownloadError, describe_model, download_from_hub
@@ -220,15 +219,6 @@ def test_hub_offline_mode_and_bad_repo_ids_fail_at_once(monkeypatch, tmp_path):
 
 
 # --- the service's download-and-load --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def loop(qapp):
-    loop = qasync.QEventLoop(qapp)
-    asyncio.set_event_loop(loop)
-    yield loop
-    asyncio.set_event_loop(None)
-    loop.close()
 
 
 def run(loop, coro):

@@ -12,7 +12,6 @@ import shutil
 import threading
 
 import pytest
-import qasync
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
@@ -24,15 +23,6 @@ from engine import Cache, DynamicGenerator, DynamicJob, Model, SamplerSettings
 GREEDY = {"temperature": 1.0, "top_k": 1, "top_p": 0.0, "token_repetition_penalty": 1.0}
 CHAT = [{"role": "user", "content": "The quick brown fox"}]
 TIMEOUT = 60
-
-
-@pytest.fixture
-def loop(qapp):
-    loop = qasync.QEventLoop(qapp)
-    asyncio.set_event_loop(loop)
-    yield loop
-    asyncio.set_event_loop(None)
-    loop.close()
 
 
 def run(loop, coro):
