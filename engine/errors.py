@@ -37,3 +37,7 @@ class ChatTemplateError(Exception):
 
 class StarterFetchError(Exception):
     """The starter model could not be obtained (no network, pip failure, checksum mismatch)."""
+
+
+class ImageError(ValueError):
+    """An image could not be used: not an image, truncated, too large, or in a form that cannot be read."""

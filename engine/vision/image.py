@@ -1,0 +1,217 @@
+"""Decoding user images into fully loaded RGB Pillow images, refusing anything unsafe or unreadable.
+
+`load_image` is the one door images come through (a dropped file, pasted bytes, an open Pillow image):
+it checks the size the header declares before any pixel is decoded, applies EXIF orientation, takes
+the first frame of animations and turns every Pillow mode into 8-bit RGB. Every failure is an
+`ImageError` whose message names the image and says what to do.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from engine.errors import ImageError
+from engine.vision.embedding import content_hash
+
+logger = logging.getLogger(__name__)
+
+ImageSource = str | Path | bytes | bytearray | memoryview | Image.Image
+
+# What Pillow raises while parsing or decoding a damaged file; all of them become ImageError.
+_DECODE_ERRORS = (
+    OSError,
+    SyntaxError,
+    ValueError,
+    EOFError,
+    IndexError,
+    KeyError,
+    struct.error,
+    zlib.error,
+    Image.DecompressionBombError,
+)
+
+# Leading bytes of common formats: a file that starts like one but does not open is damaged, not foreign.
+_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+)
+_COMMON_FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF", "AVIF", "ICO", "PPM", "TGA")
+_SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
+
+
+def load_image(source: ImageSource, *, max_side: int = 8192, max_pixels: int = 64_000_000) -> Image.Image:
+    """Decode `source` (a path, encoded bytes, or an open Pillow image) into a loaded RGB image.
+
+    The declared size is checked against `max_side` (pixels per side) and `max_pixels` (width x
+    height) before decoding, so a small file that declares a huge canvas is refused without
+    allocating it. Animated images give their first frame (an open image is rewound to frame 0, so
+    one picture always yields the same pixels). Raises `ImageError` for anything that cannot be used.
+    """
+    if isinstance(source, Image.Image):
+        return _decode(source, "the given image", max_side, max_pixels)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+        name = f"the image data ({len(data)} bytes)"
+    elif isinstance(source, (str, Path)):
+        data = _read_file(Path(source))
+        name = str(source)
+    else:
+        raise ImageError(
+            f"cannot load an image from a {type(source).__name__}: pass a file path, the file's bytes, "
+            "or a PIL.Image.Image"
+        )
+    if not data:
+        raise ImageError(f"{name} is empty (0 bytes): it is not an image; re-save or re-download it")
+    try:
+        opened = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError:
+        kind = _looks_like(data)
+        if kind is not None:
+            raise ImageError(
+                f"{name} starts like a {kind} file but is truncated or corrupt: re-save or re-download it"
+            ) from None
+        raise ImageError(
+            f"{name} is not an image Pillow can read (formats: {_format_list()}); "
+            "convert it to PNG or JPEG and try again"
+        ) from None
+    except Image.DecompressionBombError as exc:
+        # Pillow refuses canvases over twice its own limit inside `open`, before we see the size.
+        raise ImageError(_too_large_message(name, _bomb_size(exc), max_side, max_pixels)) from None
+    except _DECODE_ERRORS as exc:
+        raise ImageError(f"{name} is truncated or corrupt ({exc}): re-save or re-download it") from None
+    with opened:
+        return _decode(opened, name, max_side, max_pixels)
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Convert a loaded image of any Pillow mode to 8-bit RGB (always a new image object).
+
+    Transparent pixels are composited on white: a model sees the picture as a viewer on a light
+    page would, and the colour Pillow stores under alpha 0 (often black or garbage) never leaks in.
+    This is also what transformers' `convert_rgb` does, so preprocessing agrees with the reference.
+    """
+    rgb = _convert_rgb(image)
+    return rgb.copy() if rgb is image else rgb
+
+
+def _convert_rgb(image: Image.Image) -> Image.Image:
+    """`to_rgb` without the defensive copy: an image already in plain RGB is returned as is."""
+    mode = image.mode
+    if mode in _SIXTEEN_BIT_MODES or mode == "I":
+        image = _sixteen_bit_to_l(image)
+    elif mode == "F":
+        image = _float_to_l(image)
+    if "A" in image.getbands() or "a" in image.getbands() or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def image_content_hash(image: Image.Image) -> str:
+    """Digest of the decoded RGB pixels and the size: two encodings of one picture hash equal.
+
+    The size is part of the key because the same bytes can be read as different shapes (2x6 vs 3x4).
+    """
+    rgb = image if image.mode == "RGB" else to_rgb(image)
+    width, height = rgb.size
+    return content_hash(f"{width}x{height}:".encode() + rgb.tobytes())
+
+
+def _read_file(path: Path) -> bytes:
+    if not path.exists():
+        raise ImageError(f"no image at {path}: the file does not exist (moved or deleted?)")
+    if path.is_dir():
+        raise ImageError(f"{path} is a folder, not an image file: choose an image inside it")
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise ImageError(f"cannot read {path}: {reason}; check that the file is readable") from None
+
+
+def _decode(image: Image.Image, name: str, max_side: int, max_pixels: int) -> Image.Image:
+    """Check the declared size, then load, orient and convert; `image` may still be lazy."""
+    width, height = image.size
+    if width < 1 or height < 1:
+        raise ImageError(f"{name} has no pixels ({width}x{height}): use an image at least 1x1")
+    if max(width, height) > max_side or width * height > max_pixels:
+        declared = f"{width}x{height} ({width * height} pixels)"
+        raise ImageError(_too_large_message(name, declared, max_side, max_pixels))
+    try:
+        # tell() first: n_frames walks the whole file for some formats (GIF).
+        if image.tell() != 0:
+            image.seek(0)
+        image.load()
+        # exif_transpose returns a new image (or a copy), so the result never shares the file handle.
+        oriented = ImageOps.exif_transpose(image)
+    except Image.DecompressionBombError as exc:
+        raise ImageError(_too_large_message(name, _bomb_size(exc), max_side, max_pixels)) from None
+    except _DECODE_ERRORS as exc:
+        raise ImageError(f"{name} is truncated or corrupt ({exc}): re-save or re-download it") from None
+    try:
+        return _convert_rgb(oriented)
+    except _DECODE_ERRORS as exc:
+        raise ImageError(
+            f"{name} uses the Pillow mode {oriented.mode!r}, which cannot be converted to RGB ({exc}); "
+            "re-save it as an RGB PNG or JPEG"
+        ) from None
+
+
+def _sixteen_bit_to_l(image: Image.Image) -> Image.Image:
+    # Pillow's own convert clips 16-bit values at 255, which turns most of a 16-bit picture white;
+    # scale the full 0..65535 range to 0..255 instead (mode "I" comes from 16-bit PNG/TIFF files).
+    values = np.asarray(image).astype(np.int64)
+    scaled = (np.clip(values, 0, 65535) * 255 + 32767) // 65535
+    return Image.fromarray(scaled.astype(np.uint8), mode="L")
+
+
+def _float_to_l(image: Image.Image) -> Image.Image:
+    # Float images carry no declared range: [0, 1] is the usual convention, anything else is taken
+    # as already 0..255 and clipped (what Pillow's convert would do).
+    values = np.asarray(image, dtype=np.float64)
+    values = np.nan_to_num(values, nan=0.0, posinf=255.0, neginf=0.0)
+    if values.size and values.min() >= 0.0 and values.max() <= 1.0:
+        values = values * 255.0
+    return Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), mode="L")
+
+
+def _too_large_message(name: str, declared: str, max_side: int, max_pixels: int) -> str:
+    return (
+        f"{name} is too large to decode safely: it declares {declared}, and the limit is "
+        f"{max_side} pixels per side and {max_pixels} pixels in all; shrink the image and try again"
+    )
+
+
+def _bomb_size(exc: Exception) -> str:
+    # Pillow's message reads "Image size (N pixels) exceeds limit of M pixels, ..."; keep just N.
+    found = re.search(r"\((\d+) pixels\)", str(exc))
+    return f"{found.group(1)} pixels" if found else str(exc)
+
+
+def _looks_like(data: bytes) -> str | None:
+    for magic, kind in _MAGIC:
+        if data.startswith(magic):
+            return kind
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    return None
+
+
+def _format_list() -> str:
+    Image.init()
+    available = [fmt for fmt in _COMMON_FORMATS if fmt in Image.OPEN]
+    others = len(Image.OPEN) - len(available)
+    return ", ".join(available) + (f" and {others} more" if others > 0 else "")
