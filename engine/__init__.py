@@ -7,6 +7,7 @@ from engine.generator.job import DynamicJob
 from engine.generator.sampler import SamplerSettings
 from engine.models import Batch, Model
 from engine.tokenizer import Tokenizer
+from engine.vision.embedding import MMEmbedding
 
 __all__ = [
     "Batch",
@@ -15,6 +16,7 @@ __all__ = [
     "DynamicGeneratorAsync",
     "DynamicJob",
     "DynamicJobAsync",
+    "MMEmbedding",
     "Model",
     "SamplerSettings",
     "Tokenizer",

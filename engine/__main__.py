@@ -68,12 +68,23 @@ class Session:
         self.generator = DynamicGenerator(self.model, self.cache, self.tokenizer)
         self.args = args
 
-    def stream(self, input_ids, out) -> dict:
+    def image_embeddings(self, paths: list[str]) -> list:
+        """Embed each image file with the model's vision tower (ValueError for a text-only model)."""
+        vision = getattr(self.model, "vision", None)
+        if vision is None:
+            raise ValueError(
+                f"{self.model.config.architecture} is a text-only model and cannot see images; "
+                "pass a vision model (e.g. assets/demo-vision) or drop --image"
+            )
+        return [vision.get_image_embeddings(model=self.model, tokenizer=self.tokenizer, image=p) for p in paths]
+
+    def stream(self, input_ids, out, embeddings=()) -> dict:
         from engine.generator.job import DynamicJob
 
         job = DynamicJob(
             input_ids,
             self.args.max_new_tokens,
+            embeddings=list(embeddings),
             gen_settings=_settings(self.args),
             seed=self.args.seed,
             stop_conditions=sorted(self.tokenizer.eos_token_ids),
@@ -90,23 +101,31 @@ class Session:
         return last
 
 
-def _chat_ids(session: Session, messages: list[dict]):
+def _chat_ids(session: Session, messages: list[dict], images=()):
     from engine.chat_template import ChatTemplate
+    from engine.vision.prompt import DEFAULT_PLACEHOLDER, render_with_images
 
-    text = ChatTemplate.from_tokenizer(session.tokenizer).render(messages, add_generation_prompt=True)
-    return session.tokenizer.encode(text, encode_special_tokens=True)
+    template = ChatTemplate.from_tokenizer(session.tokenizer)
+    vision = getattr(session.model, "vision", None)
+    placeholder = getattr(vision, "image_placeholder", None) or DEFAULT_PLACEHOLDER
+    text = render_with_images(template, messages, list(images), placeholder=placeholder)
+    return session.tokenizer.encode(text, encode_special_tokens=True, embeddings=list(images) or None)
 
 
 def cmd_generate(args) -> int:
+    from engine.vision.prompt import user_message
+
     session = Session(args, context_tokens=4096 + args.max_new_tokens)
+    images = session.image_embeddings(args.image) if args.image else []
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": args.prompt}
+            user_message(args.prompt, len(images))
         ]
-        ids = _chat_ids(session, messages)
+        ids = _chat_ids(session, messages, images)
     else:
-        ids = session.tokenizer.encode(args.prompt, add_bos=session.tokenizer.add_bos_token)
-    last = session.stream(ids, sys.stdout)
+        text = "".join(e.text_alias + "\n" for e in images) + args.prompt
+        ids = session.tokenizer.encode(text, add_bos=session.tokenizer.add_bos_token, embeddings=images or None)
+    last = session.stream(ids, sys.stdout, images)
     sys.stdout.write("\n")
     if last:
         log.info(
@@ -160,6 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     _add_model_args(g)
     g.add_argument("--prompt", required=True)
     g.add_argument("--chat", action="store_true", help="wrap the prompt with the model's chat template")
+    g.add_argument(
+        "--image",
+        action="append",
+        metavar="PATH",
+        default=[],
+        help="an image for a vision model (repeat for several); they go before the prompt text",
+    )
     c = sub.add_parser("chat", help="interactive chat in the terminal")
     _add_model_args(c)
     b = sub.add_parser("bench", help="speed and memory against transformers on the same model")

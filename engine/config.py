@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine.errors import CorruptFileError, MissingFileError, ModelLoadError
+from engine.errors import CorruptFileError, MissingFileError, ModelLoadError, UnsupportedArchitectureError
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,10 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
     torch_dtype: str | None = None  # the checkpoint's own dtype name, e.g. "bfloat16"
+    # Multimodal checkpoints (config.json with "text_config"): the class of the language model inside, and
+    # the vocabulary id of the image placeholder token. None for text-only models.
+    text_architecture: str | None = None
+    image_token_id: int | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -81,6 +85,8 @@ class ModelConfig:
                     'Add e.g. "architectures": ["LlamaForCausalLM"] to config.json.'
                 )
             architecture = archs[0]
+        if "text_config" in d or "vision_config" in d or d.get("model_type") in _MULTIMODAL_TYPES:
+            return _from_multimodal_dict(cls, d, architecture)
         # transformers >= 5 writes `rope_parameters` (with rope_theta inside) instead of `rope_scaling`.
         rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
         try:
@@ -135,6 +141,109 @@ class ModelConfig:
         if not isinstance(d, dict):
             raise CorruptFileError(f"{path} does not hold a JSON object. Re-download the file.")
         return cls.from_hf_dict(d)
+
+
+# A nested text_config holds only the keys that differ from its transformers config class's defaults
+# (llava-1.5 omits hidden_size, num_hidden_layers, ...), so those defaults are part of the format.
+# head_dim (num_key_value_heads) is left out where transformers derives it from hidden_size and
+# num_attention_heads (num_attention_heads).
+_TEXT_DEFAULTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": (
+        "LlamaForCausalLM",
+        dict(
+            vocab_size=32000,
+            hidden_size=4096,
+            intermediate_size=11008,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            max_position_embeddings=2048,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),
+    "mistral": (
+        "MistralForCausalLM",
+        dict(
+            vocab_size=32000,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            max_position_embeddings=4096 * 32,
+            sliding_window=4096,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),
+    "qwen2": (
+        "Qwen2ForCausalLM",
+        dict(
+            vocab_size=151936,
+            hidden_size=4096,
+            intermediate_size=22016,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            max_position_embeddings=32768,
+        ),
+    ),
+    "qwen3": (
+        "Qwen3ForCausalLM",
+        dict(
+            vocab_size=151936,
+            hidden_size=4096,
+            intermediate_size=22016,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            head_dim=128,
+            max_position_embeddings=32768,
+        ),
+    ),
+}
+# Wrapper model types whose text_config may be left out entirely (meaning all defaults).
+_MULTIMODAL_TYPES = ("llava",)
+# Checkpoint-wide keys that older multimodal configs keep at the top level instead of in text_config.
+_SHARED_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype")
+
+
+def _from_multimodal_dict(cls: type[ModelConfig], d: dict[str, Any], architecture: str) -> ModelConfig:
+    """A wrapper config (LLaVA and kin): the text fields come from `text_config`, completed with the defaults
+    of its `model_type` (transformers' rule, "llama" when absent); the architecture stays the wrapper's."""
+    text = d.get("text_config") or {}
+    if not isinstance(text, dict):
+        raise CorruptFileError(f"config.json 'text_config' must be an object, got {type(text).__name__}")
+    model_type = text.get("model_type", "llama")
+    if model_type in _TEXT_DEFAULTS:
+        text_architecture, defaults = _TEXT_DEFAULTS[model_type]
+    else:
+        # Unknown family: keep its own architecture name so the model class can say what is unsupported.
+        text_architecture, defaults = (text.get("architectures") or [model_type])[0], {}
+    merged = {**defaults, **{k: d[k] for k in _SHARED_KEYS if k in d}, **text}
+    try:
+        parsed = cls.from_hf_dict(merged, architecture=text_architecture)
+    except ModelLoadError:
+        if model_type in _TEXT_DEFAULTS:
+            raise
+        raise UnsupportedArchitectureError(
+            f"config.json text_config model_type {model_type!r} (inside {architecture}) is not a supported "
+            f"language model family; supported: {', '.join(_TEXT_DEFAULTS)}."
+        ) from None
+    # transformers ties the wrapper's embeddings when either level asks for it.
+    tied = bool(d.get("tie_word_embeddings", False)) or parsed.tie_word_embeddings
+    image_token = d.get("image_token_index", d.get("image_token_id"))
+    if image_token is not None and (isinstance(image_token, bool) or not isinstance(image_token, int)):
+        raise CorruptFileError(f"config.json image_token_index must be a token id (an integer), got {image_token!r}")
+    return replace(
+        parsed,
+        architecture=architecture,
+        text_architecture=text_architecture,
+        tie_word_embeddings=tied,
+        torch_dtype=d.get("torch_dtype") or d.get("dtype") or parsed.torch_dtype,
+        image_token_id=None if image_token is None else int(image_token),
+        extra=d,
+    )
 
 
 def _sliding_window(d: dict[str, Any], architecture: str) -> int | None:

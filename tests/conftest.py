@@ -32,14 +32,14 @@ TEXT = [
 ]
 
 
-def build_tiny(folder, vocab_size: int = 320, seed: int = 0):
+def build_tiny(folder, vocab_size: int = 320, seed: int = 0, extra_special: tuple[str, ...] = ()):
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - 3,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>", *extra_special],
         show_progress=False,
     )
     tok.train_from_iterator(TEXT * 20, trainer)
@@ -89,3 +89,69 @@ def tiny_hf(tiny_folder):
 @pytest.fixture(scope="session")
 def tiny_model(tiny_folder):
     return Model.load(tiny_folder, dtype=torch.float32)
+
+
+def build_tiny_llava(folder, seed: int = 0, image_size: int = 32, patch_size: int = 8):
+    """A random-weight LLaVA (SigLIP tower, Llama text model) with the tiny BPE tokenizer plus "<image>"."""
+    build_tiny(folder, seed=seed, extra_special=("<image>",))
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        (folder / name).unlink(missing_ok=True)
+    tok = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+    text = transformers.LlamaConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=image_size,
+        patch_size=patch_size,
+        vision_use_head=False,
+    )
+    cfg = transformers.LlavaConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_index=tok.token_to_id("<image>"),
+        vision_feature_select_strategy="full",
+        vision_feature_layer=-1,
+        image_seq_length=(image_size // patch_size) ** 2,
+    )
+    torch.manual_seed(seed)
+    hf = transformers.LlavaForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # random init leaves the projector tiny; make image rows matter to the logits
+        for p in hf.model.multi_modal_projector.parameters():
+            p.normal_(0, 0.2)
+    hf.save_pretrained(folder)
+    (folder / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "SiglipImageProcessor",
+                "do_resize": True,
+                "size": {"height": image_size, "width": image_size},
+                "resample": 2,
+                "do_rescale": True,
+                "rescale_factor": 1 / 255,
+                "do_normalize": True,
+                "image_mean": [0.5, 0.5, 0.5],
+                "image_std": [0.5, 0.5, 0.5],
+            }
+        )
+    )
+    return hf
+
+
+@pytest.fixture(scope="session")
+def tiny_llava_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-llava")
+    build_tiny_llava(folder)
+    return folder

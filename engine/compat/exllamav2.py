@@ -29,6 +29,7 @@ from engine.generator.job import DynamicJob
 from engine.generator.sampler import SamplerSettings
 from engine.models.base import Model
 from engine.tokenizer import Tokenizer
+from engine.vision.embedding import MMEmbedding
 
 log = logging.getLogger(__name__)
 
@@ -100,13 +101,20 @@ class ExLlamaV2:
         if config.arch_config is None:
             config.prepare()
         self.config = config
-        self.vision_model = None  # vision models arrive with issue [D]
         self._engine_model: Model | None = None
         self._pending_caches: list[ExLlamaV2Cache] = []  # created before loading, allocated by it
 
     @property
     def loaded(self) -> bool:
         return self._engine_model is not None
+
+    @property
+    def vision_model(self) -> ExLlamaV2VisionTower | None:
+        """The vision tower of a loaded vision-language model (None for text models), as in the seed docs:
+        `model.vision_model.get_image_embeddings(model=model, tokenizer=tokenizer, image=image)`."""
+        if self._engine_model is None or getattr(self._engine_model, "vision", None) is None:
+            return None
+        return ExLlamaV2VisionTower(self.config, model=self)
 
     @property
     def engine_model(self) -> Model:
@@ -260,6 +268,31 @@ class ExLlamaV2Tokenizer:
         return self.engine_tokenizer.vocab_size
 
 
+class ExLlamaV2VisionTower:
+    """exllamav2's vision tower handle. In Tandem the tower is part of the loaded model, so `load()` only
+    checks that one exists; `get_image_embeddings` runs the engine model's `vision`."""
+
+    def __init__(self, config: ExLlamaV2Config, model: ExLlamaV2 | None = None):
+        self.config = config
+        self._model = model
+
+    def load(self, progress: Progress = False, callback: Callback | None = None) -> None:
+        """Nothing to load separately; raises ValueError when the model has no vision tower."""
+        arch = self.config.arch_config.architecture if self.config.arch_config else "this model"
+        if self._model is not None and self._model.loaded and self._model.vision_model is None:
+            raise ValueError(f"{arch} is a text-only model: it has no vision tower to load")
+
+    def get_image_embeddings(self, model: Any, tokenizer: Any, image: Any, text_alias: str | None = None):
+        """The MMEmbedding of one image (a PIL image, a path or bytes) for `model`."""
+        engine_model = _unwrap(model)
+        vision = getattr(engine_model, "vision", None)
+        if vision is None:
+            raise ValueError(f"{engine_model.config.architecture} is a text-only model and cannot see images")
+        return vision.get_image_embeddings(
+            model=engine_model, tokenizer=_unwrap(tokenizer), image=image, text_alias=text_alias
+        )
+
+
 class ExLlamaV2Sampler:
     """exllamav2's sampler namespace: `ExLlamaV2Sampler.Settings(...)` is the engine's SamplerSettings."""
 
@@ -289,5 +322,6 @@ class ExLlamaV2DynamicGeneratorAsync(DynamicGeneratorAsync):
         super().__init__(*map(_unwrap, args), **{k: _unwrap(v) for k, v in kwargs.items()})
 
 
+ExLlamaV2MMEmbedding = MMEmbedding
 ExLlamaV2DynamicJob = DynamicJob
 ExLlamaV2DynamicJobAsync = DynamicJobAsync

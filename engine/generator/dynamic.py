@@ -17,12 +17,14 @@ import torch
 
 from engine.cache.cache import Cache
 from engine.cache.page_table import PageTable
+from engine.generator.images import check_embeddings_fit, splice_inputs
 from engine.generator.job import DynamicJob
 from engine.generator.results import Result
 from engine.generator.sampler import SamplerSettings
 from engine.generator.scheduler import Scheduler, Seq, Step
 from engine.generator.session import JobSession
 from engine.models.batch import Batch
+from engine.vision.embedding import is_mm_id
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +124,10 @@ class DynamicGenerator:
         if job.serial is not None and job.serial in self._sessions:
             raise ValueError(f"{job!r} is already enqueued")
         vocab = self.model.config.vocab_size
-        bad = [t for t in job.prompt_ids if not 0 <= t < vocab]
+        bad = [t for t in job.prompt_ids if not 0 <= t < vocab and not is_mm_id(t)]
         if bad:
             raise ValueError(f"input_ids holds token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}")
+        check_embeddings_fit(self.model, job.embeddings)
         total = len(job.prompt_ids) + job.max_new_tokens
         needed = self.page_table.pages_for(total)
         if needed > self.num_pages:
@@ -213,7 +216,14 @@ class DynamicGenerator:
             logits=[[len(s.token_ids) - 1] if s.needs_logits else [] for s in steps],
         )
         ids = torch.tensor([t for s in steps for t in s.token_ids], dtype=torch.long, device=self.cache.device)
-        return self.model(ids, batch.positions(), batch)
+        runs, start = [], 0
+        for s in steps:
+            embeddings = self._sessions[s.seq.serial].job.embeddings
+            if embeddings:
+                runs.append((start, len(s.token_ids), embeddings))
+            start += len(s.token_ids)
+        inputs = splice_inputs(self.model, ids, runs) if runs else ids
+        return self.model(inputs, batch.positions(), batch)
 
     def _sample_and_emit(
         self, steps: list[Step], logits: torch.Tensor, failures: list[tuple[DynamicJob, BaseException]]

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from engine.generator.images import check_job_embeddings
 from engine.generator.sampler import SamplerSettings
 
 
@@ -56,8 +57,6 @@ class DynamicJob:
                 "job filters (constrained output: JSON schema, regex, choices) arrive with issue [G]; "
                 "run the job without filters for now"
             )
-        if embeddings:
-            raise NotImplementedError("image embeddings in jobs arrive with issue [D] (vision end to end)")
         if (
             isinstance(input_ids, (list, tuple))
             and len(input_ids) == 2
@@ -88,6 +87,7 @@ class DynamicJob:
                 stop_tokens.add(cond)
             elif cond:
                 stop_strings.append(cond)
+        check_job_embeddings(self.prompt_ids, list(embeddings or ()))
         for s in banned_strings or ():
             if not isinstance(s, str) or not s:
                 raise ValueError(f"banned_strings must be non-empty strings, got {s!r}")

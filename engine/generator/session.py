@@ -22,7 +22,7 @@ class JobSession:
         self.tokenizer = tokenizer
         self.prompt_ids = list(job.prompt_ids)
         self.heal_text: str | None = None
-        if job.token_healing and len(self.prompt_ids) > 1:
+        if job.token_healing and len(self.prompt_ids) > 1 and 0 <= self.prompt_ids[-1] < tokenizer.vocab_size:
             # Regenerate the prompt's last token: the model may prefer a longer token starting with its text.
             self.heal_text = tokenizer.token_texts()[self.prompt_ids.pop()]
         self.seq: Seq | None = None

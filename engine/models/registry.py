@@ -5,11 +5,14 @@ from __future__ import annotations
 from engine.errors import UnsupportedArchitectureError
 from engine.models.base import Model
 from engine.models.llama import LlamaForCausalLM
+from engine.models.llava import LlavaForConditionalGeneration
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
 
 _MODELS: dict[str, type[Model]] = {
-    arch: cls for cls in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) for arch in cls.architectures
+    arch: cls
+    for cls in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, LlavaForConditionalGeneration)
+    for arch in cls.architectures
 }
 
 

@@ -15,6 +15,7 @@ def test_public_names_are_importable():
         "DynamicGeneratorAsync",
         "DynamicJobAsync",
         "SamplerSettings",
+        "MMEmbedding",
     ):
         assert hasattr(engine, name), name
 

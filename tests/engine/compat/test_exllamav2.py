@@ -272,24 +272,6 @@ def test_ngram_speculation_is_issue_g(exl):
         )
 
 
-def test_multimodal_job_is_issue_d(exl):
-    # The seed's multimodal example starts from model.vision_model, which a text model does not have (yet).
-    assert exl.model.vision_model is None
-    # Its job carries the image embeddings: the engine refuses them until vision lands. The stand-in has the
-    # two attributes tokenizer.encode(embeddings=...) reads.
-    embedding = SimpleNamespace(text_alias="<image_0>", get_ids=lambda: torch.arange(49152, 49160))
-    input_ids = exl.tokenizer.encode(f"Describe this image: {embedding.text_alias}", embeddings=[embedding])
-    assert input_ids[0, -8:].tolist() == list(range(49152, 49160))
-    with pytest.raises(NotImplementedError, match=r"issue \[D\]"):
-        ExLlamaV2DynamicJob(
-            input_ids=input_ids,
-            max_new_tokens=500,
-            stop_conditions=[exl.tokenizer.eos_token_id],
-            identifier="image_description",
-            embeddings=[embedding],
-        )
-
-
 def test_async_usage_generate_cancel_close(exl, capsys):
     model, tokenizer = exl.model, exl.tokenizer
     gen_settings = ExLlamaV2Sampler.Settings(temperature=0.7, top_k=50, top_p=0.9)
@@ -422,3 +404,45 @@ def test_tokenizer_follows_exllamav2(exl):
     assert tok.get_vocab_size() == 49152 and tok.chat_template  # the rest comes from the engine tokenizer
     with pytest.raises(ValueError, match="empty"):
         tok.encode([])
+
+
+def test_multimodal_job_example(tiny_llava_folder):
+    """The seed's "Multimodal Job" example on a tiny random LLaVA (its answer is noise; the plumbing is not)."""
+    from PIL import Image
+
+    from engine.compat.exllamav2 import ExLlamaV2MMEmbedding, ExLlamaV2VisionTower
+
+    config = ExLlamaV2Config(str(tiny_llava_folder))
+    config.prepare()
+    model = ExLlamaV2(config)
+    cache = ExLlamaV2Cache(model, max_seq_len=512, lazy=True)
+    model.load_autosplit(cache)
+    tokenizer = ExLlamaV2Tokenizer(config)
+    generator = ExLlamaV2DynamicGenerator(model=model, cache=cache, tokenizer=tokenizer)
+
+    image = Image.new("RGB", (48, 40), "orange")
+    embedding = model.vision_model.get_image_embeddings(model=model, tokenizer=tokenizer, image=image)
+    assert isinstance(embedding, ExLlamaV2MMEmbedding)  # test
+    prompt = f"Describe this image: {embedding.text_alias}"
+    input_ids = tokenizer.encode(prompt, embeddings=[embedding])
+    job = ExLlamaV2DynamicJob(
+        input_ids=input_ids,
+        max_new_tokens=5,
+        stop_conditions=[tokenizer.eos_token_id],
+        identifier="image_description",
+        embeddings=[embedding],
+    )
+    generator.enqueue(job)
+    results = []
+    while generator.num_remaining_jobs():
+        results += generator.iterate()
+    assert results[-1]["eos"] and results[-1]["prompt_tokens"] == input_ids.shape[-1]  # test
+    # A separately built tower handle (exllamav2's other spelling) gives the same ids for the same image.
+    tower = ExLlamaV2VisionTower(config)
+    tower.load()
+    again = tower.get_image_embeddings(model=model, tokenizer=tokenizer, image=image.copy())
+    assert again.first_id == embedding.first_id  # test
+
+
+def test_text_model_has_no_vision_tower(exl):
+    assert exl.model.vision_model is None

@@ -1,0 +1,113 @@
+"""Vision encoders and projectors for vision-language models, and the helpers they share.
+
+`vision_of(model)` is how callers ask whether a loaded model can see images: it returns the model's vision
+handle (with `get_image_embeddings`) or None for a text-only model.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.errors import ModelLoadError, TensorMismatchError, UnsupportedArchitectureError
+
+log = logging.getLogger(__name__)
+
+
+def vision_of(model: object) -> object | None:
+    """The vision handle of `model` (its `vision` attribute), or None when the model is text-only."""
+    return getattr(model, "vision", None)
+
+
+def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    # CLIP's sigmoid approximation of GELU; the original OpenAI weights were trained with it.
+    return x * torch.sigmoid(1.702 * x)
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# Hugging Face `hidden_act` names -> functions. The tanh variants are one formula under different names.
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": F.gelu,
+    "quick_gelu": _quick_gelu,
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "gelu_new": _gelu_tanh,
+    "gelu_fast": _gelu_tanh,
+    "silu": F.silu,
+    "relu": F.relu,
+}
+
+
+def activation(name: str, where: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The activation function `name`; `where` names the config key for the error message."""
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise ModelLoadError(
+            f"config.json {where} is {name!r}, which is not supported; supported: {', '.join(sorted(ACTIVATIONS))}."
+        ) from None
+
+
+def vision_tower_class(model_type: str) -> type[nn.Module]:
+    """The encoder class for a `vision_config.model_type`, or UnsupportedArchitectureError naming it."""
+    # Imported here: clip.py and siglip.py import this package for `load_checked`.
+    from engine.models.vision.clip import ClipVisionTower
+    from engine.models.vision.siglip import SiglipVisionTower
+
+    towers = {cls.model_type: cls for cls in (ClipVisionTower, SiglipVisionTower)}
+    try:
+        return towers[model_type]
+    except KeyError:
+        raise UnsupportedArchitectureError(
+            f"vision_config model_type {model_type!r} is not supported as a vision encoder; supported: "
+            f"{', '.join(sorted(towers))}. Use a checkpoint with one of those encoders."
+        ) from None
+
+
+def load_checked(
+    module: nn.Module,
+    tensors: dict[str, torch.Tensor],
+    what: str,
+    checkpoint_names: Callable[[str], tuple[str, ...]] = lambda name: (name,),
+) -> None:
+    """Fill `module` (built on the meta device) from checkpoint-named `tensors`, checking every name and shape.
+
+    `checkpoint_names(param)` lists the tensors concatenated on dim 0 to make a parameter (fused q/k/v);
+    tensors the module has no use for are ignored. `what` names the part in error messages.
+    """
+    state: dict[str, torch.Tensor] = {}
+    for name, param in module.named_parameters():
+        sources = checkpoint_names(name)
+        missing = [s for s in sources if s not in tensors]
+        if missing:
+            raise TensorMismatchError(
+                f"the checkpoint has no tensor {missing[0]!r} for the {what}. "
+                "The checkpoint is incomplete or config.json does not describe it."
+            )
+        parts = [tensors[s] for s in sources]
+        value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        if tuple(value.shape) != tuple(param.shape):
+            raise TensorMismatchError(
+                f"tensor {' + '.join(sources)} of the {what} has shape {tuple(value.shape)} but config.json "
+                f"implies {tuple(param.shape)}. config.json and the weights do not belong together."
+            )
+        state[name] = value
+    module.load_state_dict(state, strict=True, assign=True)
+
+
+def config_value(d: dict[str, Any], key: str, default: Any, cast: Callable[[Any], Any]) -> Any:
+    """`cast(d[key])`, or `default` when the key is absent or null, with a clear error for a bad value."""
+    value = d.get(key)
+    if value is None:
+        return default
+    try:
+        return cast(value)
+    except (TypeError, ValueError):
+        raise ModelLoadError(f"config.json has {key}={value!r}, which is not a valid {cast.__name__}.") from None
