@@ -49,6 +49,7 @@ def test_generate_prints_only_the_completion(tiny_folder, tiny_model):
     )
     assert out.returncode == 0, out.stderr
     expected = run_job(tiny_model, tiny_model.tokenizer.encode("The quick"), 12)
+
     # A random model emits stray bytes and "\r" (which text-mode pipes turn into "\n"): compare the ASCII
     # skeleton with newlines normalised.
     def ascii_only(t):
@@ -149,6 +150,7 @@ def test_generate_with_images_streams_what_the_generator_gives(tiny_llava_folder
     expected = ""
     while gen.num_remaining_jobs():
         expected += "".join(r.get("text", "") for r in gen.iterate())
+
     # A random model emits stray bytes and "\r" (which text-mode pipes turn into "\n"): compare the ASCII
     # skeleton with newlines normalised.
     def ascii_only(t):
