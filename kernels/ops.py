@@ -36,7 +36,10 @@ def paged_attention(
     seq_lens_host: Sequence[int],
     scale: float,
     sliding_window: int | None = None,
+    page_runs: Sequence[int] | None = None,
 ) -> torch.Tensor:
+    """Causal paged attention; `page_runs` (per sequence: first page id of a consecutive run, or -1) is
+    a host-side hint that lets a backend read a sequence's pages as one view."""
     return dispatch.call(
         "paged_attention",
         q,
@@ -48,6 +51,7 @@ def paged_attention(
         seq_lens_host,
         scale,
         sliding_window,
+        page_runs,
     )
 
 

@@ -119,11 +119,20 @@ class PageTable:
                 self._free[page.page_id] = None  # most recently released goes last
             page.owner = None
 
-    def allocate(self, prev_hash: int, owner: int) -> Page:
-        """A fresh page for tokens that follow `prev_hash`; its old content (if any) is forgotten."""
+    def allocate(self, prev_hash: int, owner: int, after: int | None = None) -> Page:
+        """A fresh page for tokens that follow `prev_hash`; its old content (if any) is forgotten.
+
+        `after`: the page before it in the sequence. Page `after + 1` is taken when it is free and holds
+        nothing cached (so no prefix is evicted out of LRU order): a sequence's pages then tend to form one
+        run, which attention reads as a view instead of gathering page by page.
+        """
         if not self._free:
             raise RuntimeError("no free page; admission should have checked num_free")
-        page_id, _ = self._free.popitem(last=False)
+        if after is not None and after + 1 in self._free and self.pages[after + 1].num_valid == 0:
+            page_id = after + 1
+            del self._free[page_id]
+        else:
+            page_id, _ = self._free.popitem(last=False)
         page = self.pages[page_id]
         self._forget(page)
         page.ref_count = 1

@@ -112,7 +112,11 @@ class Scheduler:
             else:
                 self.table.acquire(source)  # keep it from being reused before the copy happens
                 self._copy_sources.append(source)
-        new_pages = [self.table.allocate(prev if i == 0 else ROOT_HASH, seq.serial) for i in range(num_new)]
+        new_pages: list = []
+        for i in range(num_new):
+            before = new_pages[-1] if new_pages else (matched[-1] if matched else None)
+            after = before.page_id if before is not None else None
+            new_pages.append(self.table.allocate(prev if i == 0 else ROOT_HASH, seq.serial, after=after))
         seq.pages = matched + new_pages
         copies = []
         if source is not None and num_copy > 0:

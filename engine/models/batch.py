@@ -23,6 +23,8 @@ class Batch:
     logits_indices: torch.Tensor | None  # rows of the token axis that need logits; None = all
     query_lens: tuple[int, ...]
     past_lens: tuple[int, ...]
+    # Per sequence, the first page id when the pages it reads this step are consecutive ids, else -1.
+    page_runs: tuple[int, ...] = ()
 
     @property
     def seq_lens_host(self) -> tuple[int, ...]:
@@ -71,9 +73,19 @@ class Batch:
             logits_indices=None if logits == "all" else torch.tensor(rows, dtype=torch.int64, device=device),
             query_lens=tuple(int(n) for n in query_lens),
             past_lens=tuple(int(p) for p in past_lens),
+            page_runs=tuple(
+                _run_start(table, (past + n + page_size - 1) // page_size)
+                for table, past, n in zip(block_tables, past_lens, query_lens)
+            ),
         )
 
     def positions(self) -> torch.Tensor:
         """Standard 1-D positions: each sequence continues from its cached length. [num_tokens] int64."""
         pos = [torch.arange(p, p + n) for p, n in zip(self.past_lens, self.query_lens)]
         return torch.cat(pos).to(self.slot_mapping.device)
+
+
+def _run_start(table: Sequence[int], num_pages: int) -> int:
+    """table[0] when table[:num_pages] are consecutive page ids, else -1."""
+    first = int(table[0]) if num_pages else -1
+    return first if all(int(table[j]) == first + j for j in range(num_pages)) else -1

@@ -72,6 +72,7 @@ class Attention(nn.Module):
             batch.seq_lens_host,
             self.scale,
             self.sliding_window,
+            batch.page_runs,
         )
         return self.o_proj(o.reshape(-1, q_size).to(x.dtype))
 

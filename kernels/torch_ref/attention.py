@@ -47,23 +47,31 @@ def paged_attention(
     seq_lens_host: Sequence[int],
     scale: float,
     sliding_window: int | None = None,
+    page_runs: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """Causal attention of each sequence's new queries over its cached keys/values -> [num_tokens, Hq, D]."""
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    page_size = k_cache.shape[1]
+    """Causal attention of each sequence's new queries over its cached keys/values -> [num_tokens, Hq, D].
+
+    `page_runs` (optional, host ints): per sequence, the first page id when its pages are consecutive
+    ids (else -1); such a sequence's keys and values are read as a view of the cache, with no gather.
+    """
     num_seqs = len(query_lens)
+    runs = list(page_runs) if page_runs else [-1] * num_seqs
     if all(n == 1 for n in query_lens) and sliding_window is None:
-        return _decode(q, k_cache, v_cache, block_tables, seq_lens, seq_lens_host, scale)
+        if num_seqs > 1 and min(runs) < 0:
+            return _decode(q, k_cache, v_cache, block_tables, seq_lens, seq_lens_host, scale)
+        # Reading views costs nothing, and exact lengths need no padding mask: attend one sequence at a time.
+        out = torch.empty(q.shape, dtype=k_cache.dtype, device=q.device)
+        for i in range(num_seqs):
+            k, v = _keys_values(k_cache, v_cache, block_tables[i], seq_lens_host[i], runs[i])
+            qi = q[i, :, None].to(k.dtype)[None]  # [1, Hq, 1, D]
+            out[i] = F.scaled_dot_product_attention(qi, k, v, scale=scale, enable_gqa=True)[0, :, 0]
+        return out
 
     out = torch.empty(q.shape, dtype=k_cache.dtype, device=q.device)
     start = 0
     for i in range(num_seqs):
         q_len, kv_len = query_lens[i], seq_lens_host[i]
-        num_pages = (kv_len + page_size - 1) // page_size
-        pages = block_tables[i, :num_pages]
-        # 4-D [1, H, L, D]: with 3-D inputs SDPA takes a slow path that materializes the score matrix.
-        k = k_cache.index_select(0, pages).view(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)[None]
-        v = v_cache.index_select(0, pages).view(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)[None]
+        k, v = _keys_values(k_cache, v_cache, block_tables[i], kv_len, runs[i])
         qi = q[start : start + q_len].transpose(0, 1).to(k.dtype)[None]  # [1, Hq, q_len, D]
         if q_len == kv_len and sliding_window is None:
             o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale, enable_gqa=True)
@@ -74,6 +82,26 @@ def paged_attention(
         out[start : start + q_len] = o[0].transpose(0, 1)
         start += q_len
     return out
+
+
+def _keys_values(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor, kv_len: int, run: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's first kv_len keys and values as [1, Hkv, kv_len, D]: a view of the cache when its
+    pages are one run starting at page `run`, else gathered page by page.
+
+    4-D because with 3-D inputs SDPA takes a slow path that materializes the score matrix.
+    """
+    page_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    num_pages = (kv_len + page_size - 1) // page_size
+    if run >= 0:
+        k, v = k_cache.narrow(0, run, num_pages), v_cache.narrow(0, run, num_pages)
+    else:
+        pages = table[:num_pages]
+        k, v = k_cache.index_select(0, pages), v_cache.index_select(0, pages)
+    k = k.view(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)[None]
+    v = v.view(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)[None]
+    return k, v
 
 
 def _decode(q, k_cache, v_cache, block_tables, seq_lens, seq_lens_host, scale) -> torch.Tensor:
