@@ -25,6 +25,9 @@ Progress = Callable[[float], None]
 _FOLDER_FILE = re.compile(r"[^/]+\.(json|safetensors|jinja)|tokenizer\.model")
 _REPO_ID = re.compile(r"[\w.-]+/[\w.-]+")
 _TRUTHY = {"1", "on", "yes", "true"}
+# config.json architectures whose checkpoints hold a vision tower the engine runs (engine/models/llava.py).
+VISION_ARCHITECTURES = frozenset({"LlavaForConditionalGeneration"})
+DEMO_VISION_NAME = "Demo vision model"
 
 
 class HubDownloadError(Exception):
@@ -37,6 +40,20 @@ def model_display_name(path: str | Path) -> str:
     return path.stem if path.suffix.lower() == ".gguf" else path.name
 
 
+def demo_vision_path() -> Path:
+    """Where the demo vision model bundled with Tandem lives: `assets/demo-vision` beside the app package.
+
+    The folder may be absent (a checkout where it was not trained yet); `demo_vision_available()` says.
+    """
+    # assets/ sits at the repository (or bundle) root, next to the app package.
+    return Path(__file__).resolve().parents[2] / "assets" / "demo-vision"
+
+
+def demo_vision_available() -> bool:
+    """Whether the bundled demo vision model is there to load (its config.json exists)."""
+    return (demo_vision_path() / "config.json").is_file()
+
+
 # ----------------------------------------------------------------------------------------------- describe
 
 
@@ -45,7 +62,9 @@ def describe_model(path: str | Path) -> dict[str, Any]:
 
     Returns {"path", "name", "format" ("gguf" or "huggingface"), "architecture", "supported",
     "size_bytes", "context_length" (None when unknown), "quantization" (GGUF file type or the
-    checkpoint dtype; None when unknown), "can_see_images" (False: text models only for now)}.
+    checkpoint dtype; None when unknown), "can_see_images" (True for a Hugging Face folder of a
+    vision-language architecture the engine runs, such as LlavaForConditionalGeneration; GGUF files are
+    text-only here)}.
     Raises MissingFileError when `path` does not exist, CorruptFileError when its header or
     config.json cannot be read, ModelLoadError when it is neither a .gguf file nor a model folder.
     """
@@ -61,7 +80,8 @@ def describe_model(path: str | Path) -> dict[str, Any]:
     else:
         info = _describe_folder(path)
     info["supported"] = info.pop("engine_architecture") in supported_architectures()
-    return {"path": str(path), "name": model_display_name(path), **info, "can_see_images": False}
+    info["can_see_images"] = info["format"] == "huggingface" and info["architecture"] in VISION_ARCHITECTURES
+    return {"path": str(path), "name": model_display_name(path), **info}
 
 
 def _describe_gguf(path: Path) -> dict[str, Any]:
@@ -108,8 +128,10 @@ def _describe_folder(path: Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise CorruptFileError(f"{config_file} does not hold a JSON object; download the model again.")
     archs = config.get("architectures") or [config.get("model_type") or "unknown"]
-    context = config.get("max_position_embeddings")
-    dtype = config.get("torch_dtype") or config.get("dtype")
+    # Vision-language configs keep the language model's settings in text_config.
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    context = config.get("max_position_embeddings", text.get("max_position_embeddings"))
+    dtype = config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype") or text.get("dtype")
     return {
         "format": "huggingface",
         "architecture": str(archs[0]),
@@ -294,8 +316,12 @@ def _counting_bar(on_bytes: Callable[[int], None]) -> type:
 
 
 __all__ = [
+    "DEMO_VISION_NAME",
+    "VISION_ARCHITECTURES",
     "HubDownloadError",
     "choose_hub_files",
+    "demo_vision_available",
+    "demo_vision_path",
     "describe_model",
     "download_from_hub",
     "hub_is_offline",

@@ -7,6 +7,7 @@
         swap: new generator in, old jobs cancelled, old generator closed ---->  (old thread ends)
     start_job(...) -> DynamicJobAsync  ------------------------------------->  iterate() (forward passes)
     async for result in job  <---------------------- call_soon_threadsafe ---  results
+    await embed_images(paths) ----------------> vision worker: decode + vision tower (LRU per model)
 
 Every signal is emitted on the GUI thread: worker threads hand their news to the event loop with
 call_soon_threadsafe, so no receiver ever runs on a worker thread and no forward pass runs on the GUI.
@@ -16,23 +17,29 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import logging
 import os
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 from PySide6.QtCore import QObject, Signal
 
-from app.service.catalog import download_from_hub, model_display_name
+from app.service.catalog import DEMO_VISION_NAME, demo_vision_available, download_from_hub, model_display_name
 from engine import Cache, DynamicGeneratorAsync, DynamicJobAsync, Model, SamplerSettings, Tokenizer
 from engine.chat_template import ChatTemplate
 from engine.config import ModelConfig
-from engine.errors import ChatTemplateError, ModelLoadError
+from engine.errors import ChatTemplateError, ImageError, ModelLoadError
 from engine.loading.starter import fetch_starter, starter_path
+from engine.models.vision import vision_of
+from engine.vision.embedding import MMEmbedding
+from engine.vision.prompt import DEFAULT_PLACEHOLDER, count_images, render_with_images
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +55,11 @@ CACHE_MEMORY_SHARE = 0.25
 CONCURRENT_CHATS = 4
 # Top of the weights phase of the progress bar; the rest covers tokenizer and cache, 1.0 means ready.
 _WEIGHTS_END = 0.9
+# Image embeddings kept per model, so resending or regenerating a chat does not run the vision tower again.
+# A LLaVA-1.5-7B image is 576 x 4096 bf16 rows (4.5 MB); 32 of them stay well under the KV cache's share.
+IMAGE_CACHE_SIZE = 32
+
+ImageSource = str | Path | bytes
 
 # Settings-dict keys that are not SamplerSettings fields; start_job takes them as arguments instead.
 JOB_KEYS = frozenset({"seed", "max_new_tokens"})
@@ -144,6 +156,35 @@ class _Loaded:
     template: ChatTemplate
     cache: Cache
     context_length: int
+    vision: Any | None = None  # the model's vision handle (get_image_embeddings), None for a text model
+    images: _EmbeddingCache = dataclasses.field(default_factory=lambda: _EmbeddingCache(IMAGE_CACHE_SIZE))
+
+
+class _EmbeddingCache:
+    """A small LRU of one model's image embeddings, by sha256 of the image file's bytes; thread-safe."""
+
+    def __init__(self, capacity: int):
+        self._capacity = capacity
+        self._items: OrderedDict[str, MMEmbedding] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> MMEmbedding | None:
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+            return item
+
+    def put(self, key: str, item: MMEmbedding) -> None:
+        with self._lock:
+            self._items[key] = item
+            self._items.move_to_end(key)
+            while len(self._items) > self._capacity:
+                self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
 
 
 class _FetchFailed(Exception):
@@ -198,6 +239,8 @@ class EngineService(QObject):
         self._progress_request = -1
         self._last_progress = -1.0
         self._closed = False
+        # One worker for the vision tower: images are embedded one after another, never on the GUI thread.
+        self._vision_worker: ThreadPoolExecutor | None = None
 
     # --- state -------------------------------------------------------------------------------------------
 
@@ -225,7 +268,19 @@ class EngineService(QObject):
 
     @property
     def can_see_images(self) -> bool:
-        return False  # every supported model is text-only until issue [D]
+        """Whether the loaded model takes images (it has a vision tower, e.g. a LLaVA model)."""
+        return self._loaded is not None and self._loaded.vision is not None
+
+    @property
+    def image_placeholder(self) -> str:
+        """The text the chat template writes for an image ("<image>" for LLaVA)."""
+        vision = self._loaded.vision if self._loaded else None
+        return getattr(vision, "image_placeholder", None) or DEFAULT_PLACEHOLDER
+
+    @property
+    def num_cached_images(self) -> int:
+        """Image embeddings of the current model kept for reuse (0 with no model)."""
+        return len(self._loaded.images) if self._loaded else 0
 
     @property
     def is_loaded(self) -> bool:
@@ -355,7 +410,9 @@ class EngineService(QObject):
             cache = Cache(model, num_tokens, page_size=self._page_size)
         except Exception as e:
             raise _LoadFailed(path) from e
-        return _Loaded(path, name, model, tokenizer, template, cache, min(model_context, num_tokens))
+        return _Loaded(
+            path, name, model, tokenizer, template, cache, min(model_context, num_tokens), vision=vision_of(model)
+        )
 
     def _progress_reporter(self, request: int, low: float, high: float) -> Progress:
         """A progress callback for a worker thread, mapping its 0..1 onto [low, high] of the bar."""
@@ -399,26 +456,77 @@ class EngineService(QObject):
 
     # --- prompts and jobs --------------------------------------------------------------------------------
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]], system_prompt: str = "") -> torch.Tensor:
+    async def embed_images(self, images: Sequence[ImageSource]) -> list[MMEmbedding]:
+        """Embeddings of `images` (file paths, or encoded bytes) for the current model, in order.
+
+        The vision tower runs on a worker thread, never on the GUI thread. Embeddings are kept per model
+        by the sha256 of the image bytes (an LRU of IMAGE_CACHE_SIZE), so a chat resent or regenerated
+        reuses them; the same image twice gives the same MMEmbedding. Raises ImageError (a ValueError
+        naming the file) for an image that cannot be read, ValueError when the model cannot see images,
+        RuntimeError with no model.
+        """
+        loaded = self._require_model()
+        if loaded.vision is None:
+            raise ValueError(_no_vision_message(loaded.name))
+        if not images:
+            return []
+        if self._vision_worker is None:
+            self._vision_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-vision")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._vision_worker, _embed_all, loaded, list(images))
+
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        system_prompt: str = "",
+        images: Sequence[MMEmbedding] | None = None,
+    ) -> torch.Tensor:
         """Token ids [1, n] of a conversation in the model's chat template, ending with the reply prompt.
 
         `messages` are {"role", "content"} dicts; a non-empty `system_prompt` goes first as a system
-        message. Special-token text in the rendered template becomes special tokens. Raises
-        ChatTemplateError when the template rejects the conversation, RuntimeError with no model.
+        message. A user message may hold images as content parts ({"type": "image"}, see
+        engine.vision.prompt.user_message); `images` are their MMEmbeddings (from `embed_images`) in the
+        order the parts appear, and each becomes its run of image token ids. Special-token text in the
+        rendered template becomes special tokens. Raises ChatTemplateError when the template rejects the
+        conversation, ValueError when images and image parts disagree or the model cannot see images,
+        RuntimeError with no model.
         """
         loaded = self._require_model()
         if system_prompt:
             messages = [{"role": "system", "content": system_prompt}, *messages]
-        text = loaded.template.render(messages, add_generation_prompt=True)
+        images = list(images or ())
+        if images or count_images(messages):
+            if loaded.vision is None:
+                raise ValueError(_no_vision_message(loaded.name))
+            text = render_with_images(loaded.template, messages, images, placeholder=self.image_placeholder)
+        else:
+            text = loaded.template.render(messages, add_generation_prompt=True)
         tokenizer = loaded.tokenizer
         # Templates usually write BOS themselves; add it only where the model wants it and the text lacks it.
         bos = tokenizer.bos_token
         add_bos = tokenizer.add_bos_token and not (bos and text.startswith(bos))
-        return tokenizer.encode(text, add_bos=add_bos, encode_special_tokens=True)
+        return tokenizer.encode(text, add_bos=add_bos, encode_special_tokens=True, embeddings=images or None)
 
-    def count_tokens(self, messages: Sequence[Mapping[str, Any]], system_prompt: str = "") -> int:
-        """Prompt length in tokens of `encode_chat(messages, system_prompt)`, for the context meter."""
-        return int(self.encode_chat(messages, system_prompt).shape[-1])
+    def count_tokens(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        system_prompt: str = "",
+        images: Sequence[MMEmbedding] | None = None,
+    ) -> int:
+        """Prompt length in tokens of `encode_chat(messages, system_prompt, images)`, for the context meter.
+
+        Image parts count as the model's tokens per image. With `images` None they are counted without
+        embedding them, so the meter never waits for the vision tower.
+        """
+        if images is None and count_images(messages):
+            loaded = self._require_model()
+            per_image = int(getattr(loaded.model, "tokens_per_image", 1))
+            # Stand-ins with the right number of ids: only their length matters here (meta: no memory).
+            images = [
+                MMEmbedding(torch.empty(per_image, 1, device="meta"), f"count-{i}")
+                for i in range(count_images(messages))
+            ]
+        return int(self.encode_chat(messages, system_prompt, images).shape[-1])
 
     def start_job(
         self,
@@ -428,15 +536,18 @@ class EngineService(QObject):
         max_new_tokens: int,
         seed: int | None,
         identifier: object = None,
+        embeddings: Sequence[MMEmbedding] | None = None,
     ) -> DynamicJobAsync:
         """Queue a generation on the current model; iterate it with `async for` and stop it with `await job.cancel()`.
 
         Call from the event loop. `settings` is a settings dict (see `sampler_settings`; unknown keys
-        raise ValueError). Stops at the tokenizer's end-of-turn tokens or after `max_new_tokens`.
-        Raises ValueError when prompt + max_new_tokens exceeds `context_length`.
+        raise ValueError). `embeddings` are the images the ids were encoded with (`encode_chat(images=...)`).
+        Stops at the tokenizer's end-of-turn tokens or after `max_new_tokens`. Raises ValueError when
+        prompt + max_new_tokens exceeds `context_length` or the embeddings do not match the ids.
         """
         gen_settings = sampler_settings(settings)
         loaded = self._require_model()
+        unique = list({id(e): e for e in embeddings or ()}.values())  # an image sent twice is spliced once
         job = DynamicJobAsync(
             self._generator,
             input_ids,
@@ -445,6 +556,7 @@ class EngineService(QObject):
             seed=seed,
             stop_conditions=sorted(loaded.tokenizer.eos_token_ids),
             identifier=identifier,
+            embeddings=unique or None,
         )
         self._jobs.add(job)
         return job
@@ -466,6 +578,9 @@ class EngineService(QObject):
         await asyncio.gather(*pending, *([self._swap] if self._swap else []), return_exceptions=True)
         generator, jobs = self._generator, list(self._jobs)
         self._loaded, self._generator, self._jobs = None, None, weakref.WeakSet()
+        if self._vision_worker is not None:
+            self._vision_worker.shutdown(wait=False, cancel_futures=True)
+            self._vision_worker = None
         if generator is not None:
             await self._retire(generator, jobs)
 
@@ -501,6 +616,42 @@ def _in_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
     return future
 
 
+def _embed_all(loaded: _Loaded, images: list[ImageSource]) -> list[MMEmbedding]:
+    """Vision worker: embed each image with `loaded`'s model, through its LRU."""
+    out = []
+    for source in images:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            data = bytes(source)
+        else:
+            try:
+                data = Path(source).read_bytes()
+            except OSError as e:
+                raise ImageError(
+                    f"cannot read the image {source}: {e.strerror or e}. It may have been moved or deleted; "
+                    "attach it again."
+                ) from None
+        key = hashlib.sha256(data).hexdigest()
+        embedding = loaded.images.get(key)
+        if embedding is None:
+            # A path rather than the bytes, so the vision side's errors name the file.
+            image = data if isinstance(source, (bytes, bytearray, memoryview)) else source
+            with torch.no_grad():
+                embedding = loaded.vision.get_image_embeddings(
+                    model=loaded.model, tokenizer=loaded.tokenizer, image=image
+                )
+            loaded.images.put(key, embedding)
+            log.info("%s: embedded image %s (%d tokens)", loaded.name, key[:12], embedding.num_tokens)
+        out.append(embedding)
+    return out
+
+
+def _no_vision_message(name: str) -> str:
+    return (
+        f"The loaded model ({name}) cannot see images. Remove the images to send the text alone, or load a "
+        f"vision model such as the bundled {DEMO_VISION_NAME.lower()} (Model menu)."
+    )
+
+
 def _chat_template(tokenizer: Tokenizer, path: Path) -> ChatTemplate:
     try:
         return ChatTemplate.from_tokenizer(tokenizer)
@@ -528,8 +679,13 @@ def _starter_failure(error: Exception) -> str:
     return (
         f"Could not download the starter model: {error}\n\n"
         "Tandem needs one model to chat. Try again once online, or add a model you already have "
-        "(a Hugging Face folder or a .gguf file) in the model manager. A small demo vision model bundled "
-        "with Tandem, which needs no download, is coming with issue [D]."
+        "(a Hugging Face folder or a .gguf file) in the model manager."
+        + (
+            f" The {DEMO_VISION_NAME.lower()} bundled with Tandem needs no download: load it from the "
+            "model manager (Model menu) to describe images offline."
+            if demo_vision_available()
+            else ""
+        )
     )
 
 

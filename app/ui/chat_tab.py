@@ -3,6 +3,8 @@
 A send stores the user message, then starts one engine job (`service.start_job`) whose results arrive with
 `async for` on the GUI loop; every tab runs its own, so several stream at once. The answer is stored as soon
 as it starts (complete=False), saved every second while it streams, and once more when it ends or is stopped.
+With a vision model, every image of the conversation is embedded first (`service.embed_images`, on the
+service's worker thread; earlier turns come from its cache) and goes into the prompt in its message.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from app.ui.chat_input import ChatInput
 from app.ui.message_view import MessageView, MessageWidget
 from app.ui.sampler_settings import complete_settings
 from app.ui.tasks import spawn
+from engine.vision.prompt import user_message
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +101,7 @@ class ChatTab(QWidget):
         self._task: asyncio.Task | None = None
         self._stream: _Stream | None = None
         self._stopping = False
+        self._preparing = False  # images are being embedded before the answer's job starts
         self._editing_id: int | None = None
         self._num_attaching = 0
         self.setAcceptDrops(True)
@@ -190,7 +194,8 @@ class ChatTab(QWidget):
 
     @property
     def is_streaming(self) -> bool:
-        return self._job is not None
+        """Whether an answer is on its way: its images being embedded, or its job streaming."""
+        return self._job is not None or self._preparing
 
     @property
     def title(self) -> str:
@@ -288,7 +293,8 @@ class ChatTab(QWidget):
         if attachments and not self.service.can_see_images:
             self.show_notice(
                 f"Not sent: the loaded model ({self.service.model_name}) cannot see images. Remove the images "
-                "to send the text alone, or load a vision model (describing images arrives with issue [D])."
+                "to send the text alone, or load a vision model such as the bundled demo vision model "
+                "(Model menu)."
             )
             return False
         if self._editing_id is not None:
@@ -350,17 +356,71 @@ class ChatTab(QWidget):
         self._editing_id = None
         self.edit_bar.setVisible(False)
 
-    def _conversation(self) -> list[dict[str, str]]:
-        return [
-            {"role": m.role, "content": m.text}
-            for m in self.store.messages(self.chat_id)
-            if m.role in ("user", "assistant") and m.column is None
-        ]
+    def _conversation(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """The chat's messages for the prompt, and the shas of their images in prompt order.
+
+        A model that cannot see images gets the text alone (images sent to an earlier vision model stay
+        stored and shown, but are left out of its prompt).
+        """
+        see = self.service.can_see_images
+        messages: list[dict[str, Any]] = []
+        shas: list[str] = []
+        for m in self.store.messages(self.chat_id):
+            if m.role not in ("user", "assistant") or m.column is not None:
+                continue
+            if see and m.role == "user" and m.images:
+                messages.append(user_message(m.text, len(m.images)))
+                shas += m.images
+            else:
+                messages.append({"role": m.role, "content": m.text})
+        return messages, shas
 
     def _start_answer(self) -> None:
         self._save_system_prompt()  # typed just now: the answer must already use it
+        messages, shas = self._conversation()
+        if not shas:
+            self._begin_job(messages, None)
+            return
+        # The vision tower runs on the service's worker; until it is done the tab counts as answering.
+        self._preparing = True
+        self._stopping = False
+        self._update_controls()
+        self.streaming_changed.emit(self.chat_id, True)
+        self._task = spawn(self._embed_and_begin(messages, shas), name=f"images-{self.chat_id}")
+
+    async def _embed_and_begin(self, messages: list[dict[str, Any]], shas: list[str]) -> None:
+        model = self.service.model
+        embeddings = None
+        error = None
         try:
-            input_ids = self.service.encode_chat(self._conversation(), self.chat.system_prompt)
+            paths = [self.store.attachment_path(sha) for sha in shas]
+            embeddings = await self.service.embed_images(paths)
+        except Exception as e:  # ImageError names the file; anything else still must not break the tab
+            log.info("chat %s: embedding images failed: %s", self.chat_id, e)
+            error = str(e) or type(e).__name__
+        finally:
+            self._preparing = False
+            self._task = None
+        stopped = self._stopping
+        self._stopping = False
+        if error is None and not stopped:
+            if self.service.model is not model:  # another model was loaded meanwhile: its own rows, its prompt
+                self._start_answer()
+                return
+            self._begin_job(messages, embeddings)
+        if self._job is None:  # nothing started: the tab is idle again
+            if error is not None:
+                self.show_notice(
+                    f"Could not use an image of this conversation: {error}\n"
+                    "Your messages are saved. Edit the message to attach the image again or remove it."
+                )
+            self._update_controls()
+            self.streaming_changed.emit(self.chat_id, False)
+            self.generation_finished.emit(self.chat_id)
+
+    def _begin_job(self, messages: list[dict[str, Any]], embeddings: list[Any] | None) -> None:
+        try:
+            input_ids = self.service.encode_chat(messages, self.chat.system_prompt, images=embeddings)
         except Exception as e:  # a chat template can fail in many ways; the message says which
             self.show_notice(f"Could not build the prompt for {self.service.model_name}: {e}")
             return
@@ -382,6 +442,7 @@ class ChatTab(QWidget):
                 max_new_tokens=min(int(settings["max_new_tokens"]), room),
                 seed=seed,
                 identifier=self.chat_id,
+                embeddings=embeddings,
             )
         except (ValueError, TypeError, RuntimeError) as e:
             self.show_notice(f"Could not start the answer: {e}")
@@ -459,16 +520,17 @@ class ChatTab(QWidget):
 
     def stop(self) -> None:
         """Stop the answer now; the text so far stays (Esc, the Stop button, closing the tab)."""
-        if self._job is not None and not self._stopping:
+        if self._preparing:
+            self._stopping = True  # the job is not started once the images are embedded
+        elif self._job is not None and not self._stopping:
             self._stopping = True
             spawn(self._job.cancel(), name=f"stop-chat-{self.chat_id}")
 
     async def shutdown(self) -> None:
         """Stop any answer and wait until it is saved."""
-        task = self._task
         self.stop()
-        if task is not None:
-            await asyncio.wait({task})
+        while self._task is not None and not self._task.done():
+            await asyncio.wait({self._task})
 
     def flush(self) -> None:
         """Save the answer streaming now as it stands (the window is closing and the loop may not run again)."""
@@ -487,7 +549,8 @@ class ChatTab(QWidget):
             self.context_meter.setFormat("context: no model loaded")
             return
         try:
-            used = int(self.service.encode_chat(self._conversation(), self.chat.system_prompt).shape[-1])
+            messages, _shas = self._conversation()
+            used = self.service.count_tokens(messages, self.chat.system_prompt)  # images at their token count
         except Exception as e:  # shown, not raised: the meter must never break the tab
             log.warning("chat %s: cannot count tokens: %s", self.chat_id, e)
             return

@@ -1,4 +1,5 @@
-"""The model manager: the starter model, models the user added, and a download-by-repo-id form.
+"""The model manager: the starter model, the bundled demo vision model, models the user added, and a
+download-by-repo-id form.
 
 Loading runs in the service's loader thread; this dialog only starts it and listens to the service's
 signals (progress, loaded, failed). A download runs on a worker thread of its own and reports back
@@ -27,7 +28,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.service.catalog import describe_model, download_from_hub, model_display_name
+from app.service.catalog import (
+    DEMO_VISION_NAME,
+    demo_vision_path,
+    describe_model,
+    download_from_hub,
+    model_display_name,
+)
 from engine.loading.starter import STARTER_NAME, starter_path
 from engine.paths import models_dir
 
@@ -35,6 +42,8 @@ log = logging.getLogger(__name__)
 
 PROGRESS_STEPS = 1000  # QProgressBar takes ints: fractions are shown in tenths of a percent
 STARTER_KIND = "starter"
+DEMO_KIND = "demo"
+DEMO_VISION_LABEL = f"{DEMO_VISION_NAME} (bundled, works offline)"
 _PATH_ROLE = Qt.ItemDataRole.UserRole
 _KIND_ROLE = Qt.ItemDataRole.UserRole + 1
 
@@ -79,7 +88,8 @@ class _DownloadBridge(QObject):
 
 
 class ModelManager(QDialog):
-    """Lists the starter and the user's models, adds local ones, downloads from the hub, and loads one.
+    """Lists the starter, the bundled demo vision model and the user's models, adds local ones, downloads
+    from the hub, and loads one.
 
     Public methods are what the buttons call, so the main window and tests can drive them directly:
     `add_model(path)`, `remove_model(path)`, `load(path)`, `load_selected()`, `download(repo_id)`.
@@ -173,15 +183,19 @@ class ModelManager(QDialog):
     # --- the list ------------------------------------------------------------------------------------------
 
     def refresh(self) -> None:
-        """Rebuild the list: the starter first, then the remembered models (newest last)."""
+        """Rebuild the list: the starter first, the bundled demo vision model (when present), then the
+        remembered models (newest last)."""
         selected = self.selected_path()
         self.model_list.clear()
         loaded = self.service.model_path
         starter = starter_path()
         state = "downloaded" if starter.is_file() else "fetched from the Python package index when loaded"
         self._add_item(f"{STARTER_NAME} (starter, {state})", str(starter), STARTER_KIND, loaded)
+        demo = demo_vision_path()
+        if (demo / "config.json").is_file():  # absent until the demo model is trained into assets/
+            self._add_item(DEMO_VISION_LABEL, str(demo), DEMO_KIND, loaded)
         for entry in self.store.list_models():
-            if _same_path(entry.path, starter):
+            if _same_path(entry.path, starter) or _same_path(entry.path, demo):
                 continue
             about, problem = _describe(entry.path)
             self._add_item(f"{entry.name} [{entry.kind}] {about}", entry.path, entry.kind, loaded, problem)
@@ -215,7 +229,7 @@ class ModelManager(QDialog):
     def _update_buttons(self) -> None:
         item = self.model_list.currentItem()
         self.load_button.setEnabled(item is not None)
-        self.remove_button.setEnabled(item is not None and item.data(_KIND_ROLE) != STARTER_KIND)
+        self.remove_button.setEnabled(item is not None and item.data(_KIND_ROLE) not in (STARTER_KIND, DEMO_KIND))
 
     # --- adding and removing -----------------------------------------------------------------------------
 
@@ -273,7 +287,10 @@ class ModelManager(QDialog):
             self._pending = (path, STARTER_NAME)
             self.service.fetch_and_load_starter()
             return
-        name = next((e.name for e in self.store.list_models() if _same_path(e.path, path)), None)
+        if _same_path(path, demo_vision_path()):
+            name = DEMO_VISION_NAME  # bundled: loads from disk, no network
+        else:
+            name = next((e.name for e in self.store.list_models() if _same_path(e.path, path)), None)
         self._pending = (path, name or model_display_name(path))
         self.service.load_model(path, name)
 

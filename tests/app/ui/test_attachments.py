@@ -130,7 +130,8 @@ def test_thumbnails_remove_and_refusal_for_a_text_only_model(window, engine_serv
         assert not engine_service.can_see_images
         assert not tab.send()
         notice = tab.notice_text()
-        assert "cannot see images" in notice and "tiny" in notice and "[D]" in notice
+        assert "cannot see images" in notice and "tiny" in notice and "demo vision model" in notice
+        assert "issue [D]" not in notice
         assert app_store.messages(tab.chat_id) == []  # nothing was sent or stored
         assert tab.input.toPlainText() == "What is in these pictures?" and len(tab.strip.attachments()) == 2
 
