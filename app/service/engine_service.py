@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import logging
 import os
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,10 +30,11 @@ import torch
 from PySide6.QtCore import QObject, Signal
 
 from app.service.catalog import DEMO_VISION_NAME, demo_vision_available, download_from_hub, model_display_name
+from app.service.images import IMAGE_CACHE_SIZE, EmbeddingCache, ImageSource, embed_all
 from engine import Cache, DynamicGeneratorAsync, DynamicJobAsync, Model, SamplerSettings, Tokenizer
 from engine.chat_template import ChatTemplate
 from engine.config import ModelConfig
-from engine.errors import ChatTemplateError, ImageError, ModelLoadError
+from engine.errors import ChatTemplateError, ModelLoadError
 from engine.loading.starter import fetch_starter, starter_path
 from engine.models.vision import vision_of
 from engine.vision.embedding import MMEmbedding
@@ -55,11 +54,6 @@ CACHE_MEMORY_SHARE = 0.25
 CONCURRENT_CHATS = 4
 # Top of the weights phase of the progress bar; the rest covers tokenizer and cache, 1.0 means ready.
 _WEIGHTS_END = 0.9
-# Image embeddings kept per model, so resending or regenerating a chat does not run the vision tower again.
-# A LLaVA-1.5-7B image is 576 x 4096 bf16 rows (4.5 MB); 32 of them stay well under the KV cache's share.
-IMAGE_CACHE_SIZE = 32
-
-ImageSource = str | Path | bytes
 
 # Settings-dict keys that are not SamplerSettings fields; start_job takes them as arguments instead.
 JOB_KEYS = frozenset({"seed", "max_new_tokens"})
@@ -157,34 +151,7 @@ class _Loaded:
     cache: Cache
     context_length: int
     vision: Any | None = None  # the model's vision handle (get_image_embeddings), None for a text model
-    images: _EmbeddingCache = dataclasses.field(default_factory=lambda: _EmbeddingCache(IMAGE_CACHE_SIZE))
-
-
-class _EmbeddingCache:
-    """A small LRU of one model's image embeddings, by sha256 of the image file's bytes; thread-safe."""
-
-    def __init__(self, capacity: int):
-        self._capacity = capacity
-        self._items: OrderedDict[str, MMEmbedding] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> MMEmbedding | None:
-        with self._lock:
-            item = self._items.get(key)
-            if item is not None:
-                self._items.move_to_end(key)
-            return item
-
-    def put(self, key: str, item: MMEmbedding) -> None:
-        with self._lock:
-            self._items[key] = item
-            self._items.move_to_end(key)
-            while len(self._items) > self._capacity:
-                self._items.popitem(last=False)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
+    images: EmbeddingCache = dataclasses.field(default_factory=lambda: EmbeddingCache(IMAGE_CACHE_SIZE))
 
 
 class _FetchFailed(Exception):
@@ -473,7 +440,7 @@ class EngineService(QObject):
         if self._vision_worker is None:
             self._vision_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-vision")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._vision_worker, _embed_all, loaded, list(images))
+        return await loop.run_in_executor(self._vision_worker, embed_all, loaded, list(images))
 
     def encode_chat(
         self,
@@ -614,35 +581,6 @@ def _in_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
 
     threading.Thread(target=work, name="tandem-loader", daemon=True).start()
     return future
-
-
-def _embed_all(loaded: _Loaded, images: list[ImageSource]) -> list[MMEmbedding]:
-    """Vision worker: embed each image with `loaded`'s model, through its LRU."""
-    out = []
-    for source in images:
-        if isinstance(source, (bytes, bytearray, memoryview)):
-            data = bytes(source)
-        else:
-            try:
-                data = Path(source).read_bytes()
-            except OSError as e:
-                raise ImageError(
-                    f"cannot read the image {source}: {e.strerror or e}. It may have been moved or deleted; "
-                    "attach it again."
-                ) from None
-        key = hashlib.sha256(data).hexdigest()
-        embedding = loaded.images.get(key)
-        if embedding is None:
-            # A path rather than the bytes, so the vision side's errors name the file.
-            image = data if isinstance(source, (bytes, bytearray, memoryview)) else source
-            with torch.no_grad():
-                embedding = loaded.vision.get_image_embeddings(
-                    model=loaded.model, tokenizer=loaded.tokenizer, image=image
-                )
-            loaded.images.put(key, embedding)
-            log.info("%s: embedded image %s (%d tokens)", loaded.name, key[:12], embedding.num_tokens)
-        out.append(embedding)
-    return out
 
 
 def _no_vision_message(name: str) -> str:
