@@ -140,9 +140,16 @@ def cmd_generate(args) -> int:
 
 
 def cmd_chat(args) -> int:
+    from engine.vision.prompt import user_message
+
     session = Session(args, context_tokens=8192)
     messages = [{"role": "system", "content": args.system}] if args.system else []
-    print("Chat with the model. /reset starts over, /exit or Ctrl-D quits.", file=sys.stderr)
+    images: list = []  # every image of the conversation, in order
+    pending: list = []  # images attached to the next message
+    print(
+        "Chat with the model. /image PATH attaches an image, /reset starts over, /exit or Ctrl-D quits.",
+        file=sys.stderr,
+    )
     while True:
         try:
             line = input("you> ")
@@ -153,12 +160,22 @@ def cmd_chat(args) -> int:
             return 0
         if line.strip() == "/reset":
             messages = messages[:1] if args.system else []
+            images, pending = [], []
+            continue
+        if line.startswith("/image "):
+            try:
+                pending += session.image_embeddings([line[len("/image ") :].strip()])
+            except ValueError as e:  # a bad file or a text-only model: say so and keep chatting
+                print(f"error: {e}", file=sys.stderr)
+                continue
+            print(f"(image attached: {pending[-1].num_tokens} tokens)", file=sys.stderr)
             continue
         if not line.strip():
             continue
-        messages.append({"role": "user", "content": line})
+        messages.append(user_message(line, len(pending)))
+        images, pending = images + pending, []
         sys.stdout.write("model> ")
-        last = session.stream(_chat_ids(session, messages), sys.stdout)
+        last = session.stream(_chat_ids(session, messages, images), sys.stdout, images)
         sys.stdout.write("\n")
         messages.append({"role": "assistant", "content": last.get("full_completion", "")})
 

@@ -170,3 +170,15 @@ def test_generate_with_an_image_refuses_text_models_and_bad_files(tiny_folder, t
     bad.write_text("not an image at all")
     out = engine_cli("generate", str(tiny_llava_folder), "--image", str(bad), "--prompt", "hi")
     assert out.returncode == 2 and "notes.png" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_chat_attaches_images_and_survives_a_bad_one(tiny_llava_folder, tmp_path):
+    from PIL import Image
+
+    good = tmp_path / "red.png"
+    Image.new("RGB", (20, 20), "red").save(good)
+    stdin = f"/image {tmp_path / 'missing.png'}\n/image {good}\nwhat is it?\nand now?\n/exit\n"
+    out = engine_cli("chat", str(tiny_llava_folder), "--greedy", "--max-new-tokens", "4", stdin=stdin)
+    assert out.returncode == 0, out.stderr
+    assert "missing.png" in out.stderr and "image attached: 16 tokens" in out.stderr
+    assert out.stdout.count("model> ") == 2
