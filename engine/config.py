@@ -201,6 +201,24 @@ _TEXT_DEFAULTS: dict[str, tuple[str, dict[str, Any]]] = {
             max_position_embeddings=32768,
         ),
     ),
+    "gemma3_text": (
+        "Gemma3ForCausalLM",
+        dict(
+            vocab_size=262208,
+            hidden_size=2304,
+            intermediate_size=9216,
+            num_hidden_layers=26,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=256,
+            max_position_embeddings=131072,
+            sliding_window=4096,
+            tie_word_embeddings=True,
+            bos_token_id=2,
+            eos_token_id=1,
+            pad_token_id=0,
+        ),
+    ),
 }
 # Wrapper model types whose text_config may be left out entirely (meaning all defaults).
 _MULTIMODAL_TYPES = ("llava",)

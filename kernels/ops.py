@@ -11,6 +11,7 @@ from kernels.torch_ref import activation, attention, norm, quant, rope
 
 dispatch.register("write_kv", attention.write_kv, reference=True)
 dispatch.register("paged_attention", attention.paged_attention, reference=True)
+dispatch.register("paged_attention_key_ends", attention.paged_attention_key_ends, reference=True)
 dispatch.register("rms_norm", norm.rms_norm, reference=True)
 dispatch.register("apply_rope", rope.apply_rope, reference=True)
 dispatch.register("silu_and_mul", activation.silu_and_mul, reference=True)
@@ -52,6 +53,34 @@ def paged_attention(
         scale,
         sliding_window,
         page_runs,
+    )
+
+
+def paged_attention_key_ends(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sliding_window: int | None,
+    key_ends: torch.Tensor,
+) -> torch.Tensor:
+    """paged_attention where token t attends keys at positions < key_ends[t] (bidirectional runs)."""
+    return dispatch.call(
+        "paged_attention_key_ends",
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_lens,
+        seq_lens_host,
+        scale,
+        sliding_window,
+        key_ends,
     )
 
 

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -223,7 +224,7 @@ class DynamicGenerator:
                 runs.append((start, len(s.token_ids), embeddings))
             start += len(s.token_ids)
         inputs = splice_inputs(self.model, ids, runs) if runs else ids
-        return self.model(inputs, batch.positions(), batch)
+        return self.model(inputs, batch.positions(), replace(batch, token_ids=ids))
 
     def _sample_and_emit(
         self, steps: list[Step], logits: torch.Tensor, failures: list[tuple[DynamicJob, BaseException]]

@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.cache.page_table import ROOT_HASH, Page, PageTable, chain_hash
+from engine.vision.embedding import is_mm_id
 
 
 @dataclass
@@ -149,6 +150,7 @@ class Scheduler:
             if n <= 0:
                 continue
             start = seq.num_computed
+            n = _keep_images_whole(seq.tokens, start, n)
             steps.append(Step(seq, start, seq.tokens[start : start + n], start + n == len(seq.tokens)))
         return steps
 
@@ -212,3 +214,27 @@ class Scheduler:
         for page in seq.pages:
             self.table.release(page)
         seq.pages = []
+
+
+def _keep_images_whole(tokens: list[int], start: int, n: int) -> int:
+    """The length of a prefill chunk tokens[start:start + n] moved so it does not end inside an image's id run.
+
+    Some models let an image's tokens attend to each other both ways (Gemma 3), which needs the whole run in
+    one forward. The chunk ends before the run instead; when the run begins at the chunk's start (or earlier,
+    its first part cached), the chunk grows to the run's end, past max_chunk_size by less than one image.
+    """
+    end = start + n
+
+    def continues(i: int) -> bool:  # tokens[i] is the next id of the image run holding tokens[i - 1]
+        return is_mm_id(tokens[i]) and tokens[i] == tokens[i - 1] + 1
+
+    if end >= len(tokens) or not continues(end):
+        return n
+    run_start = end - 1
+    while run_start > start and continues(run_start):
+        run_start -= 1
+    if run_start > start:
+        return run_start - start
+    while end < len(tokens) and continues(end):
+        end += 1
+    return end - start

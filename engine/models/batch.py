@@ -23,6 +23,9 @@ class Batch:
     logits_indices: torch.Tensor | None  # rows of the token axis that need logits; None = all
     query_lens: tuple[int, ...]
     past_lens: tuple[int, ...]
+    # [num_tokens] int64 ids of the new tokens, image ids included, when the caller has them (the generator
+    # does). Models that treat image tokens specially read it (Gemma 3's image rows attend to each other).
+    token_ids: torch.Tensor | None = None
     # Per sequence, the first page id when the pages it reads this step are consecutive ids, else -1.
     page_runs: tuple[int, ...] = ()
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from engine.errors import UnsupportedArchitectureError
 from engine.models.base import Model
+from engine.models.gemma3 import Gemma3ForCausalLM
+from engine.models.gemma3_vlm import Gemma3ForConditionalGeneration
+from engine.models.idefics3 import Idefics3ForConditionalGeneration
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llava import LlavaForConditionalGeneration
 from engine.models.qwen2 import Qwen2ForCausalLM
@@ -11,7 +14,15 @@ from engine.models.qwen3 import Qwen3ForCausalLM
 
 _MODELS: dict[str, type[Model]] = {
     arch: cls
-    for cls in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, LlavaForConditionalGeneration)
+    for cls in (
+        LlamaForCausalLM,
+        Qwen2ForCausalLM,
+        Qwen3ForCausalLM,
+        LlavaForConditionalGeneration,
+        Idefics3ForConditionalGeneration,
+        Gemma3ForCausalLM,
+        Gemma3ForConditionalGeneration,
+    )
     for arch in cls.architectures
 }
 

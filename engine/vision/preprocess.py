@@ -65,6 +65,21 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "do_convert_rgb": True,
         "default_to_square": False,
     },
+    # Gemma3ImageProcessor: SigLIP's steps with bilinear resizing (pan-and-scan crops are refused below).
+    "gemma3": {
+        "do_resize": True,
+        "size": {"height": 224, "width": 224},
+        "resample": int(Image.Resampling.BILINEAR),
+        "do_center_crop": False,
+        "crop_size": None,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": _HALF,
+        "image_std": _HALF,
+        "do_convert_rgb": True,
+        "default_to_square": True,
+    },
 }
 
 # Class names as they appear in configs (transformers 4 and 5, fast/PIL variants, old feature extractors).
@@ -76,6 +91,9 @@ _KINDS = {
     "SiglipImageProcessor": "siglip",
     "SiglipImageProcessorFast": "siglip",
     "SiglipImageProcessorPil": "siglip",
+    "Gemma3ImageProcessor": "gemma3",
+    "Gemma3ImageProcessorFast": "gemma3",
+    "Gemma3ImageProcessorPil": "gemma3",
 }
 
 # Options that change the pixels in ways this processor does not implement: refused when enabled,
@@ -94,6 +112,7 @@ _UNSUPPORTED = (
     "do_reduce_labels",
     "min_pixels",
     "max_pixels",
+    "do_pan_and_scan",
 )
 # Keys that describe the config or the call, not the pixels.
 _IGNORED = (

@@ -91,4 +91,6 @@ def render_with_images(
             "images; this model's template does not place images, so it cannot take them"
         )
     pieces = text.split(placeholder)
-    return pieces[0] + "".join(image.text_alias + piece for image, piece in zip(images, pieces[1:]))
+    # An image may stand for more text than its alias (Gemma 3 puts it between blank lines): its `prompt_text`.
+    texts = [getattr(image, "prompt_text", image.text_alias) for image in images]
+    return pieces[0] + "".join(t + piece for t, piece in zip(texts, pieces[1:]))

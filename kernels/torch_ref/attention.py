@@ -104,6 +104,44 @@ def _keys_values(
     return k, v
 
 
+def paged_attention_key_ends(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sliding_window: int | None,
+    key_ends: torch.Tensor,
+) -> torch.Tensor:
+    """`paged_attention` where new token t sees the keys at positions < key_ends[t] instead of <= its own.
+
+    key_ends [num_tokens] int64; position + 1 everywhere is plain causal attention. A run of tokens that
+    attend to each other in both directions (Gemma 3's image tokens) sets its key_ends to the run's end,
+    which must lie within the sequence. The sliding window still counts back from the token's own position.
+    """
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    page_size = k_cache.shape[1]
+    out = torch.empty(q.shape, dtype=k_cache.dtype, device=q.device)
+    start = 0
+    for i, (q_len, kv_len) in enumerate(zip(query_lens, seq_lens_host)):
+        pages = block_tables[i, : (kv_len + page_size - 1) // page_size]
+        k = k_cache.index_select(0, pages).view(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)[None]
+        v = v_cache.index_select(0, pages).view(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)[None]
+        qi = q[start : start + q_len].transpose(0, 1).to(k.dtype)[None]  # [1, Hq, q_len, D]
+        kv_pos = torch.arange(kv_len, device=q.device)
+        mask = kv_pos[None, :] < key_ends[start : start + q_len, None]  # [q_len, kv_len]
+        if sliding_window is not None:
+            q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device)
+            mask &= kv_pos[None, :] > q_pos[:, None] - sliding_window
+        o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[start : start + q_len] = o[0].transpose(0, 1)
+        start += q_len
+    return out
+
+
 def _decode(q, k_cache, v_cache, block_tables, seq_lens, seq_lens_host, scale) -> torch.Tensor:
     """One query per sequence: gather the pages in use, pad to whole pages, two batched matmuls.
 
