@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import CorruptFileError, MissingFileError, ModelLoadError
+from engine.models.registry import vision_architectures
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ _FOLDER_FILE = re.compile(r"[^/]+\.(json|safetensors|jinja)|tokenizer\.model")
 _REPO_ID = re.compile(r"[\w.-]+/[\w.-]+")
 _TRUTHY = {"1", "on", "yes", "true"}
 # config.json architectures whose checkpoints hold a vision tower the engine runs (engine/models/llava.py).
-VISION_ARCHITECTURES = frozenset({"LlavaForConditionalGeneration"})
+VISION_ARCHITECTURES = frozenset(vision_architectures())
 DEMO_VISION_NAME = "Demo vision model"
 
 

@@ -27,6 +27,11 @@ _MODELS: dict[str, type[Model]] = {
 }
 
 
+def vision_architectures() -> list[str]:
+    """Architectures that take images (their class encodes pixels into embedding rows)."""
+    return sorted(arch for arch, cls in _MODELS.items() if hasattr(cls, "encode_images"))
+
+
 def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 

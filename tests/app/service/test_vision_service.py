@@ -227,6 +227,10 @@ def test_describe_reads_no_weights(tiny_llava_folder, tmp_path):
     config["architectures"] = ["LlamaForCausalLM"]
     (folder / "config.json").write_text(json.dumps(config))
     assert describe_model(folder)["can_see_images"] is False
+    for arch in ("Gemma3ForConditionalGeneration", "SmolVLMForConditionalGeneration"):  # every engine VLM counts
+        config["architectures"] = [arch]
+        (folder / "config.json").write_text(json.dumps(config))
+        assert describe_model(folder)["can_see_images"] is True, arch
 
 
 def test_demo_vision_path_is_in_the_repository_assets():
