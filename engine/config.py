@@ -27,6 +27,8 @@ class RopeScaling:
         if not d:
             return None
         rope_type = d.get("rope_type", d.get("type", "default"))
+        if rope_type == "mrope":
+            rope_type = "default"  # Qwen2-VL's multimodal sections (read by its model) over plain frequencies
         if rope_type not in cls.SUPPORTED:
             raise ModelLoadError(
                 f"rope_scaling type {rope_type!r} is not supported; supported types are "
@@ -143,6 +145,21 @@ class ModelConfig:
         return cls.from_hf_dict(d)
 
 
+# transformers' Qwen2VLTextConfig defaults (Qwen2_5_VLTextConfig's are the same).
+_QWEN2_VL_TEXT: dict[str, Any] = dict(
+    vocab_size=152064,
+    hidden_size=8192,
+    intermediate_size=29568,
+    num_hidden_layers=80,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-05,
+    # Inside rope_parameters, where transformers 5 writes it: a top-level default would override a saved one.
+    rope_parameters={"rope_theta": 1000000.0},
+    bos_token_id=151643,
+    eos_token_id=151645,
+)
 # A nested text_config holds only the keys that differ from its transformers config class's defaults
 # (llava-1.5 omits hidden_size, num_hidden_layers, ...), so those defaults are part of the format.
 # head_dim (num_key_value_heads) is left out where transformers derives it from hidden_size and
@@ -201,6 +218,9 @@ _TEXT_DEFAULTS: dict[str, tuple[str, dict[str, Any]]] = {
             max_position_embeddings=32768,
         ),
     ),
+    # Qwen2-VL / Qwen2.5-VL language models (the M-RoPE sections are read by engine/models/qwen2_vl.py).
+    "qwen2_vl_text": ("Qwen2ForCausalLM", _QWEN2_VL_TEXT),
+    "qwen2_5_vl_text": ("Qwen2ForCausalLM", _QWEN2_VL_TEXT),
     "gemma3_text": (
         "Gemma3ForCausalLM",
         dict(
@@ -222,6 +242,8 @@ _TEXT_DEFAULTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 # Wrapper model types whose text_config may be left out entirely (meaning all defaults).
 _MULTIMODAL_TYPES = ("llava",)
+# Wrapper model types whose released configs keep the text model's keys at the top level, beside vision_config.
+_FLAT_TEXT_TYPES = {"qwen2_vl": "qwen2_vl_text", "qwen2_5_vl": "qwen2_5_vl_text"}
 # Checkpoint-wide keys that older multimodal configs keep at the top level instead of in text_config.
 _SHARED_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype")
 
@@ -230,6 +252,9 @@ def _from_multimodal_dict(cls: type[ModelConfig], d: dict[str, Any], architectur
     """A wrapper config (LLaVA and kin): the text fields come from `text_config`, completed with the defaults
     of its `model_type` (transformers' rule, "llama" when absent); the architecture stays the wrapper's."""
     text = d.get("text_config") or {}
+    if "text_config" not in d and d.get("model_type") in _FLAT_TEXT_TYPES:
+        text = {k: v for k, v in d.items() if k not in ("vision_config", "architectures")}
+        text["model_type"] = _FLAT_TEXT_TYPES[d["model_type"]]
     if not isinstance(text, dict):
         raise CorruptFileError(f"config.json 'text_config' must be an object, got {type(text).__name__}")
     model_type = text.get("model_type", "llama")

@@ -18,6 +18,7 @@ import torch
 
 from engine.cache.cache import Cache
 from engine.cache.page_table import PageTable
+from engine.generator.filters import Filter, MaskWorkers
 from engine.generator.images import check_embeddings_fit, splice_inputs
 from engine.generator.job import DynamicJob
 from engine.generator.results import Result
@@ -79,6 +80,7 @@ class DynamicGenerator:
         self.max_sampling_threads = max_sampling_threads
         self.min_sampling_threads = min_sampling_threads
         self.filter_background_eval = filter_background_eval
+        self._mask_workers = MaskWorkers(max_sampling_threads, min_sampling_threads) if filter_background_eval else None
         self.page_size = cache.page_size
         self.num_pages = cache.num_pages
         if not paged:
@@ -185,6 +187,7 @@ class DynamicGenerator:
             steps = self.scheduler.plan()
             if not steps:
                 return results
+            self._start_filter_masks(steps)
             try:
                 logits = self._forward(steps)
             except Exception as e:
@@ -224,7 +227,23 @@ class DynamicGenerator:
                 runs.append((start, len(s.token_ids), embeddings))
             start += len(s.token_ids)
         inputs = splice_inputs(self.model, ids, runs) if runs else ids
-        return self.model(inputs, batch.positions(), replace(batch, token_ids=ids))
+        positions = batch.positions()
+        mrope_positions = getattr(self.model, "mrope_positions", None)
+        if runs and mrope_positions is not None:
+            # M-RoPE (Qwen2-VL): a token's position depends on every image before it, which this chunk may not
+            # hold, so the model computes [3, n] positions from each sequence's whole token list and its images.
+            rows = [
+                mrope_positions(s.seq.tokens, s.start, len(s.token_ids), self._sessions[s.seq.serial].job.embeddings)
+                for s in steps
+            ]
+            positions = torch.cat(rows, dim=1).to(positions.device)
+        return self.model(inputs, positions, replace(batch, token_ids=ids))
+
+    def _start_filter_masks(self, steps: list[Step]) -> None:
+        # A filter mask depends only on tokens already accepted, so it is computed while the forward runs.
+        if self._mask_workers is not None:
+            sessions = [self._sessions[s.seq.serial] for s in steps if s.needs_logits]
+            self._mask_workers.start([s.filters for s in sessions if s.filters is not None])
 
     def _sample_and_emit(
         self, steps: list[Step], logits: torch.Tensor, failures: list[tuple[DynamicJob, BaseException]]
@@ -285,10 +304,13 @@ class DynamicGenerator:
         embeddings: Sequence[Any] | None = None,
         banned_strings: Sequence[str] | None = None,
         return_last_results: bool = False,
+        filters: Sequence[Filter] | None = None,
+        filter_prefer_eos: bool = False,
     ):
         """Complete one prompt (returns a string) or a list (returns a list), waiting only for these jobs.
 
-        Other jobs keep running; their results are kept for the next iterate() call.
+        Other jobs keep running; their results are kept for the next iterate() call. `filters` apply to every
+        prompt (filters keep no per-job state).
         """
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         settings = list(gen_settings) if isinstance(gen_settings, (list, tuple)) else [gen_settings] * len(prompts)
@@ -310,6 +332,8 @@ class DynamicGenerator:
                     identifier=i,
                     banned_strings=banned_strings,
                     embeddings=embeddings,
+                    filters=filters,
+                    filter_prefer_eos=filter_prefer_eos,
                 )
             )
         self.enqueue(jobs)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from engine.generator.filters import Filter
 from engine.generator.images import check_job_embeddings
 from engine.generator.sampler import SamplerSettings
 
@@ -29,6 +30,25 @@ def _as_id_list(input_ids: Any) -> list[int]:
     raise ValueError("input_ids must be a LongTensor of shape (1, n) or a list of ints")
 
 
+def _check_filters(filters: Any, token_healing: bool) -> list[Filter]:
+    if filters is None:
+        return []
+    if isinstance(filters, Filter):
+        filters = [filters]
+    if not isinstance(filters, (list, tuple)):
+        raise ValueError(f"filters must be a list of filters (JSONFilter, RegexFilter, ChoiceFilter), got {filters!r}")
+    for f in filters:
+        if not isinstance(f, Filter):
+            raise ValueError(
+                f"filters must hold Filter objects (JSONFilter, RegexFilter, ChoiceFilter from "
+                f"engine.generator.filters), got {type(f).__name__}: {f!r}"
+            )
+    if filters and token_healing:
+        # A healed first token starts with prompt text the filter never sees, so the two cannot be combined.
+        raise ValueError("token_healing cannot be combined with filters; turn one of them off for this job")
+    return list(filters)
+
+
 class DynamicJob:
     """A generation request. Create it, hand it to `DynamicGenerator.enqueue`, read results from `iterate()`."""
 
@@ -45,18 +65,14 @@ class DynamicJob:
         return_top_tokens: int = 0,
         return_logits: bool = False,
         return_probs: bool = False,
-        filters: Sequence[Any] | None = None,
+        filters: Sequence[Filter] | Filter | None = None,
         filter_prefer_eos: bool = False,
         token_healing: bool = False,
         identifier: object = None,
         banned_strings: Sequence[str] | None = None,
         embeddings: Sequence[Any] | None = None,
     ):
-        if filters:
-            raise NotImplementedError(
-                "job filters (constrained output: JSON schema, regex, choices) arrive with issue [G]; "
-                "run the job without filters for now"
-            )
+        filters = _check_filters(filters, token_healing)
         if (
             isinstance(input_ids, (list, tuple))
             and len(input_ids) == 2
@@ -103,7 +119,7 @@ class DynamicJob:
         self.return_top_tokens = return_top_tokens
         self.return_logits = return_logits
         self.return_probs = return_probs
-        self.filters = filters
+        self.filters = filters  # list of Filter, empty when the output is free
         self.filter_prefer_eos = filter_prefer_eos
         self.token_healing = token_healing
         self.identifier = identifier

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.generator.filters import JobFilters, unpack_bitmask
 from engine.generator.job import DynamicJob
 from engine.generator.results import Result
 from engine.generator.sampler import SampleOutput, SamplerState, sample
@@ -33,6 +34,8 @@ class JobSession:
         self.released = 0  # generated tokens handed out in results
         self.blocked_at: dict[int, set[int]] = {}  # generated index -> tokens a banned string ruled out there
         self.text = TextTracker(job.stop_strings, job.banned_strings)
+        # Built at enqueue so a filter that cannot run with this tokenizer fails there, not mid-iterate.
+        self.filters = JobFilters(job.filters, tokenizer) if job.filters else None
         self.detok = None
         self.state: SamplerState | None = None
         self.time_admitted = self.time_first_token = None
@@ -76,9 +79,36 @@ class JobSession:
             out |= self.heal_blocked
         return out or None
 
+    def end_token_ids(self) -> list[int]:
+        """Tokens that end a filtered job: the tokenizer's end-of-sequence ids and the job's stop tokens."""
+        return sorted(set(self.tokenizer.eos_token_ids) | self.job.stop_tokens)
+
+    @staticmethod
+    def filter_masks(sessions: Sequence[JobSession], width: int, device: torch.device) -> torch.Tensor:
+        """Allowed next tokens of filtered sessions, bool [len(sessions), width] on `device`.
+
+        End tokens are allowed only where every filter has a complete match and min_new_tokens is reached;
+        with filter_prefer_eos they are then the only tokens allowed.
+        """
+        words = torch.stack([s.filters.mask_words() for s in sessions]).to(device)  # [rows, num_words]
+        allowed = unpack_bitmask(words, sessions[0].filters.vocab_size, width)  # [rows, width]
+        for row, s in enumerate(sessions):
+            end_ids = [t for t in s.end_token_ids() if t < width]
+            may_end = s.filters.can_end() and len(s.generated) >= s.job.min_new_tokens
+            if may_end and s.job.filter_prefer_eos and end_ids:
+                allowed[row] = False
+            allowed[row, end_ids] = may_end
+        return allowed
+
     @staticmethod
     def sample_many(sessions: Sequence[JobSession], logits: torch.Tensor) -> list[tuple]:
         """Sample every session's next token from its logits row -> per session (id, prob, top)."""
+        rows = [i for i, s in enumerate(sessions) if s.filters is not None]
+        if rows:
+            # Rejected tokens become -inf before any sampler step, as a banned token would.
+            allowed = JobSession.filter_masks([sessions[i] for i in rows], logits.shape[-1], logits.device)
+            index = torch.tensor(rows, device=logits.device)
+            logits = logits.index_put((index,), logits[index].masked_fill(~allowed, -torch.inf))
         k = max(s.job.return_top_tokens for s in sessions)
         out: SampleOutput = sample(
             logits,
@@ -113,6 +143,7 @@ class JobSession:
             emitted = self.text.flush()
             r = self._streaming(emitted, upto=len(self.generated))
             return self._eos(r, "stop_token", token=token), None
+        filter_done = self.filters.feed(token) if self.filters is not None else False
         chunk = self.detok.add(token)
         if self._heal_pending:
             if chunk.startswith(self.heal_text):
@@ -124,13 +155,14 @@ class JobSession:
         if update.stop_string is not None:
             r = self._streaming(update.emitted, upto=idx + 1)
             return self._eos(r, "stop_string", string=update.stop_string), None
-        if len(self.generated) >= job.max_new_tokens:
+        if len(self.generated) >= job.max_new_tokens or filter_done:
             # A character left incomplete at the end is flushed through the tracker, so the streamed text
             # and full_completion stay the same string.
             self.text.held += self.detok.flush()
             emitted = update.emitted + self.text.flush()
             r = self._streaming(emitted, upto=len(self.generated))
-            return self._eos(r, "max_new_tokens"), None
+            reason = "max_new_tokens" if len(self.generated) >= job.max_new_tokens else "end_filter"
+            return self._eos(r, reason), None
         upto = self.text.held_tokens[0][0] if self.text.held_tokens else len(self.generated)
         return self._streaming(update.emitted, upto=upto), None
 
@@ -139,6 +171,8 @@ class JobSession:
         suppressed = self.generated[token_idx:]
         self.blocked_at.setdefault(token_idx, set()).add(suppressed[0])
         del self.generated[token_idx:], self.probs[token_idx:], self.top[token_idx:], self.logits[token_idx:]
+        if self.filters is not None:
+            self.filters.rollback(len(suppressed))
         self.state.truncate(len(self.prompt_ids) + token_idx)
         self.text.rewind(token_idx)
         # Rebuild the detokenizer's partial-character state from the kept tokens.

@@ -69,6 +69,18 @@ class LlavaForConditionalGeneration(Model):
 
     architectures = ("LlavaForConditionalGeneration",)
 
+    def __new__(cls, config: ModelConfig, *args: Any, **kwargs: Any):
+        # Pixtral-12B is saved as LLaVA with a Pixtral encoder, whose pictures keep their own sizes and are
+        # laid out in rows: engine/models/mistral3.py's design, so a class from there serves it (built here,
+        # and not an instance of this class, so Python does not run __init__ on it again).
+        vision = config.extra.get("vision_config")
+        is_pixtral = isinstance(vision, dict) and vision.get("model_type") == "pixtral"
+        if cls is LlavaForConditionalGeneration and is_pixtral:
+            from engine.models.mistral3 import PixtralLlavaForConditionalGeneration
+
+            return PixtralLlavaForConditionalGeneration(config, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, config: ModelConfig):
         super().__init__(config)
         extra = config.extra

@@ -53,3 +53,26 @@ class RotaryTable:
             emb = torch.cat((freqs, freqs), dim=-1)  # [n, head_dim]
             self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
         return self.cos[positions], self.sin[positions]
+
+
+class MultimodalRotaryTable(RotaryTable):
+    """M-RoPE (Qwen2-VL): positions have three rows (time, height, width), and each band of rotary
+    frequencies turns by one row's position. `sections` lists the bands' sizes in frequencies; band i
+    reads row i % 3. One-row positions mean all three rows are equal, which is plain RoPE."""
+
+    def __init__(self, inv_freq: torch.Tensor, sections: list[int]):
+        super().__init__(inv_freq)
+        if sum(sections) != inv_freq.numel():
+            raise ValueError(f"mrope_section {sections} must add up to {inv_freq.numel()} (head_dim / 2)")
+        rows = [i % 3 for i, size in enumerate(sections) for _ in range(size)]
+        self.row_of_dim = torch.tensor(rows + rows, device="cpu")  # [head_dim]; both rotate-half halves alike
+
+    def lookup(
+        self, positions: torch.Tensor, max_position: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [num_tokens, head_dim] for positions [num_tokens] or [3, num_tokens]."""
+        if positions.dim() == 1:
+            return super().lookup(positions, max_position, dtype)
+        super().lookup(positions[0], max_position, dtype)  # grows the table; the rows are picked below
+        index = positions[self.row_of_dim.to(positions.device)].T  # [num_tokens, head_dim]: each column's position
+        return self.cos.gather(0, index), self.sin.gather(0, index)

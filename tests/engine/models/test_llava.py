@@ -244,7 +244,7 @@ def _edited_config(folder, tmp_path, **changes) -> dict:
 @pytest.mark.parametrize(
     "changes, error, message",
     [
-        ({"vision_config.model_type": "pixtral"}, UnsupportedArchitectureError, "'pixtral'"),
+        ({"vision_config.model_type": "intern_vit_6b"}, UnsupportedArchitectureError, "'intern_vit_6b'"),
         ({"text_config.model_type": "gemma9"}, UnsupportedArchitectureError, "'gemma9'"),
         ({"vision_feature_layer": -9}, ModelLoadError, "vision_feature_layer -9"),
         ({"vision_feature_layer": [-1, "last"]}, ModelLoadError, "vision_feature_layer"),

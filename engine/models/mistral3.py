@@ -1,0 +1,421 @@
+"""Mistral 3 (Mistral Small 3.1 and kin): a Pixtral encoder, a patch-merging projector, a Mistral text model.
+
+One picture, kept at (nearly) its own size, becomes a grid of image tokens laid out row by row:
+
+    pixels [3, H, W] -> Pixtral encoder (patch p) -> RMSNorm -> patch merger (each m x m block of patches
+    -> one row, m = spatial_merge_size) -> linear -> act -> linear -> rows x cols image rows, rows = H/(p*m)
+
+and the prompt holds `[IMG]*cols [IMG_BREAK]` per row, the last break being `[IMG_END]`
+(engine/vision/pixtral_processor.py). `PixtralVision.get_image_embeddings` returns ONE MMEmbedding per picture
+whose rows cover that whole layout: break and end tokens take their vocabulary embedding, image tokens the
+projector's rows. So a picture is one alias in the prompt and one id run in a job, and the page hashes (same
+picture -> same ids) and the generator's splicing work unchanged. The rows equal the input embeddings
+transformers builds, since those token embeddings do not depend on position and the run starts and ends on
+special tokens, which split the surrounding text the same way in both tokenizations.
+
+Pixtral-12B is saved as LlavaForConditionalGeneration with a Pixtral encoder: the same design without the
+merger or norm, LLaVA's projector instead (`PixtralLlavaForConditionalGeneration`, which llava.py hands such
+configs to).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.config import ModelConfig
+from engine.errors import ModelLoadError, UnsupportedArchitectureError
+from engine.models.base import Model
+from engine.models.batch import Batch
+from engine.models.layers import RMSNorm
+from engine.models.llava import _feature_layers
+from engine.models.rope import RotaryTable
+from engine.models.vision import activation, config_value, load_checked
+from engine.models.vision.pixtral import PixtralVisionConfig, PixtralVisionTower
+from engine.models.vision.projector import LlavaProjector
+from engine.vision.embedding import MMEmbedding
+
+log = logging.getLogger(__name__)
+
+# transformers' Mistral3Config: the sub-configs it builds when config.json leaves one out entirely (a partial
+# sub-config takes its own class's defaults instead, which engine/config.py applies for the text model).
+_MISTRAL3_TEXT = {
+    "model_type": "mistral",
+    "head_dim": 128,
+    "hidden_size": 5120,
+    "intermediate_size": 32768,
+    "max_position_embeddings": 131072,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 40,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000000.0,
+    "sliding_window": None,
+    "vocab_size": 131072,
+}
+_MISTRAL3_VISION = PixtralVisionConfig(patch_size=14, image_size=1540)
+
+# Checkpoint prefixes -> (our part, prefix inside that part). transformers >= 4.52 nests everything under
+# "model." with the head at "lm_head."; older checkpoints (and transformers 5's save_pretrained) use
+# "language_model.model." / "language_model.lm_head.".
+_CHECKPOINT_PARTS = (
+    ("model.language_model.", "language_model", "model."),
+    ("language_model.model.", "language_model", "model."),
+    ("language_model.lm_head.", "language_model", "lm_head."),
+    ("lm_head.", "language_model", "lm_head."),
+    ("model.vision_tower.", "vision_tower", ""),
+    ("vision_tower.", "vision_tower", ""),
+    ("model.multi_modal_projector.", "multi_modal_projector", ""),
+    ("multi_modal_projector.", "multi_modal_projector", ""),
+)
+
+
+class PatchMerger(nn.Module):
+    """Each m x m block of an image's patch grid -> one vector (the block's m*m patches concatenated
+    channel-major, as torch's unfold orders them) -> a learned linear map back to the encoder width."""
+
+    def __init__(self, hidden_size: int, merge_size: int):
+        super().__init__()
+        self.merge_size = merge_size
+        self.merging_layer = nn.Linear(hidden_size * merge_size**2, hidden_size, bias=False)
+
+    def forward(self, features: torch.Tensor, grids: Sequence[tuple[int, int]]) -> torch.Tensor:
+        """[sum(rows * cols), hidden] for patches [total_patches, hidden] of images with these patch grids;
+        an image's rows = grid rows // m, cols = grid cols // m (a partial block at the edge is dropped)."""
+        m, hidden = self.merge_size, features.shape[-1]
+        merged = []
+        for image, (h, w) in zip(features.split([h * w for h, w in grids]), grids):
+            grid = image.view(h, w, hidden)[: h - h % m, : w - w % m]
+            # [rows, cols, hidden, m, m]: per block, channel by channel, its m x m patches row by row
+            blocks = grid.reshape(h // m, m, w // m, m, hidden).permute(0, 2, 4, 1, 3)
+            merged.append(blocks.reshape(-1, hidden * m * m))
+        return self.merging_layer(torch.cat(merged))
+
+
+class Mistral3Projector(nn.Module):
+    """RMSNorm -> patch merger -> linear_1 -> act -> linear_2, from encoder width to the text model's."""
+
+    def __init__(self, vision_dim: int, text_dim: int, merge_size: int, eps: float, act: str, bias: bool):
+        super().__init__()
+        self.norm = RMSNorm(vision_dim, eps)
+        self.patch_merger = PatchMerger(vision_dim, merge_size)
+        self.linear_1 = nn.Linear(vision_dim, text_dim, bias=bias)
+        self.act = activation(act, "projector_hidden_act")
+        self.linear_2 = nn.Linear(text_dim, text_dim, bias=bias)
+
+    def forward(self, features: torch.Tensor, grids: Sequence[tuple[int, int]]) -> torch.Tensor:
+        merged = self.patch_merger(self.norm(features)[0], grids)
+        return self.linear_2(self.act(self.linear_1(merged)))
+
+
+class Mistral3ForConditionalGeneration(Model):
+    """Mistral 3 over a paged KV cache. `forward(inputs, positions, batch)` is the text model's (inputs may be
+    embeddings with image rows spliced in); `encode_images` turns preprocessed pictures into image rows.
+
+    Attributes: `image_token_id`, `merge_size`, `token_patch` (pixels per image token side: encoder patch times
+    merge size), `tokens_per_image` (the most ids a picture can take, a square at the encoder's image_size;
+    pictures take rows * (cols + 1)), `vision` (the handle with `get_image_embeddings`; also `vision_model`).
+    """
+
+    architectures = ("Mistral3ForConditionalGeneration",)
+    default_feature_layer: Any = -1
+    default_image_token_id = 10
+
+    def __init__(self, config: ModelConfig):
+        config = self.prepared_config(config)
+        super().__init__(config)
+        extra = config.extra
+        self.language_model = _language_model(config)
+        vision = extra.get("vision_config")
+        if not isinstance(vision, dict):
+            raise ModelLoadError(f"config.json vision_config must be an object, got {type(vision).__name__}")
+        vision_config = PixtralVisionConfig.from_hf_dict(vision)
+        self.feature_layers = _feature_layers(
+            extra.get("vision_feature_layer", self.default_feature_layer), vision_config.num_hidden_layers
+        )
+        self.merge_size = self.read_merge_size(extra)
+        # Layers after the deepest selected one never influence the image rows, so they are not built.
+        self.vision_tower = PixtralVisionTower(vision_config, num_layers=max(self.feature_layers))
+        self.multi_modal_projector = self.build_projector(config, vision_config)
+        self.image_token_id: int = (
+            self.default_image_token_id if config.image_token_id is None else config.image_token_id
+        )
+        self.token_patch: int = vision_config.patch_size * self.merge_size
+        side = max(vision_config.image_size // self.token_patch, 1)
+        self.tokens_per_image: int = side * (side + 1)
+        self.vision = PixtralVision(self)
+
+    # --- what differs from Pixtral-12B (PixtralLlavaForConditionalGeneration) ---------------------------------
+
+    @staticmethod
+    def prepared_config(config: ModelConfig) -> ModelConfig:
+        """`config` with Mistral 3's own sub-configs where config.json leaves one out."""
+        extra = dict(config.extra)
+        if extra.get("vision_config") is None:
+            extra["vision_config"] = {"model_type": "pixtral", **vars(_MISTRAL3_VISION)}
+        text = extra.get("text_config")
+        if text is None:
+            extra["text_config"] = dict(_MISTRAL3_TEXT)
+        elif isinstance(text, dict) and "model_type" not in text:
+            extra["text_config"] = {**text, "model_type": "mistral"}  # transformers' sub-config type here
+        else:
+            return replace(config, extra=extra)
+        return ModelConfig.from_hf_dict(extra, architecture=config.architecture)
+
+    @staticmethod
+    def read_merge_size(extra: dict[str, Any]) -> int:
+        merge = config_value(extra, "spatial_merge_size", 2, int)
+        if merge < 1:
+            raise ModelLoadError(f"config.json spatial_merge_size is {merge}; it must be a positive integer.")
+        return merge
+
+    def build_projector(self, config: ModelConfig, vision_config: PixtralVisionConfig) -> nn.Module:
+        if len(self.feature_layers) != 1:
+            # transformers' projector norm is as wide as one layer, so a list of layers cannot run there either.
+            raise ModelLoadError(
+                f"config.json vision_feature_layer {config.extra.get('vision_feature_layer')!r} names several "
+                "layers; Mistral 3's projector takes exactly one."
+            )
+        return Mistral3Projector(
+            vision_config.hidden_size,
+            config.hidden_size,
+            self.merge_size,
+            config.rms_norm_eps,
+            act=config.extra.get("projector_hidden_act", "gelu"),
+            bias=bool(config.extra.get("multimodal_projector_bias", False)),
+        )
+
+    def project(self, features: torch.Tensor, grids: Sequence[tuple[int, int]]) -> torch.Tensor:
+        """Image rows [sum(rows * cols), text_hidden] for encoder features [total_patches, vision_dim]."""
+        return self.multi_modal_projector(features, grids)
+
+    # --- shared ------------------------------------------------------------------------------------------
+
+    @property
+    def vision_model(self) -> PixtralVision:
+        """exllamav2's name for `vision`."""
+        return self.vision
+
+    @property
+    def rope(self) -> RotaryTable:
+        return self.language_model.rope
+
+    def load_tensors(self, tensors: dict[str, Any]) -> None:
+        """Split checkpoint tensors by part (either naming layout) and let each part load and check its own."""
+        parts: dict[str, dict[str, Any]] = {
+            "language_model": {},
+            "vision_tower": {},
+            "multi_modal_projector": {},
+        }
+        ignored = 0
+        for name, value in tensors.items():
+            for prefix, part, inner in _CHECKPOINT_PARTS:
+                if name.startswith(prefix):
+                    parts[part][inner + name[len(prefix) :]] = value
+                    break
+            else:
+                ignored += 1
+        if ignored:
+            log.debug(
+                "ignored %d checkpoint tensors that belong to no %s part", ignored, self.config.architecture
+            )
+        text = parts["language_model"]
+        self.language_model.load_tensors(text)
+        head = text.get("lm_head.weight")
+        if (
+            self.config.tie_word_embeddings
+            and head is not None
+            and not torch.equal(head, text["model.embed_tokens.weight"])
+        ):
+            # transformers ties only when the checkpoint's head is absent or equal to the embeddings (its
+            # Mistral3Config says "tied" by default, even for checkpoints with their own head).
+            log.info("config.json ties the word embeddings but the checkpoint has its own lm_head; using it")
+            self.language_model.lm_head.weight = nn.Parameter(head, requires_grad=False)
+        self.vision_tower.load_tensors(parts["vision_tower"])
+        load_checked(
+            self.multi_modal_projector,
+            parts["multi_modal_projector"],
+            f"{self.config.architecture} projector",
+        )
+
+    def tie_weights(self) -> None:
+        self.language_model.tie_weights()
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Text token embeddings [num_tokens, hidden] for vocabulary ids."""
+        return self.language_model.embed(input_ids)
+
+    @torch.no_grad()
+    def encode_images(self, images: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Per preprocessed picture [3, H, W] (sizes may differ), its image rows [rows * cols, hidden] in row
+        order, rows = H // token_patch and cols = W // token_patch."""
+        if isinstance(images, torch.Tensor) and images.dim() == 3:
+            raise ValueError(
+                "encode_images takes a list of images [3, H, W] (or a [N, 3, H, W] tensor), not one"
+            )
+        states = self.vision_tower.hidden_states([image.to(self.device) for image in images])
+        features = torch.cat([states[i] for i in self.feature_layers], dim=-1)  # [total_patches, dim]
+        grids = [self.vision_tower.grid(image) for image in images]
+        rows = self.project(features, grids)
+        m = self.merge_size
+        return list(rows.split([(h // m) * (w // m) for h, w in grids]))
+
+    def forward(self, inputs: torch.Tensor, positions: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return self.language_model(inputs, positions, batch)
+
+
+class PixtralLlavaForConditionalGeneration(Mistral3ForConditionalGeneration):
+    """Pixtral-12B: LlavaForConditionalGeneration with a Pixtral encoder. Mistral 3's design without the norm and
+    patch merger; LLaVA's two-layer projector (over one or several encoder layers) and LLaVA's defaults.
+
+    Not registered itself: `LlavaForConditionalGeneration(config)` returns one when config.json's vision_config
+    is a Pixtral one, so `config.architecture` stays "LlavaForConditionalGeneration".
+    """
+
+    architectures = ()
+    default_feature_layer = -2
+    default_image_token_id = 32000
+
+    @staticmethod
+    def prepared_config(config: ModelConfig) -> ModelConfig:
+        """`config` as it is (LLaVA's defaults come from engine/config.py), once its feature strategy is checked."""
+        strategy = config.extra.get("vision_feature_select_strategy", "default")
+        if strategy != "full":
+            # "default" drops the first token of the whole multi-image sequence (CLIP's class token elsewhere),
+            # which leaves one image row fewer than the prompt's image tokens; transformers fails there too.
+            raise ModelLoadError(
+                f"config.json vision_feature_select_strategy is {strategy!r}; a LLaVA with a Pixtral encoder "
+                "keeps every patch, so it must be 'full' (as Pixtral-12B's config.json says)."
+            )
+        return config
+
+    @staticmethod
+    def read_merge_size(extra: dict[str, Any]) -> int:
+        return 1
+
+    def build_projector(self, config: ModelConfig, vision_config: PixtralVisionConfig) -> nn.Module:
+        return LlavaProjector(
+            vision_config.hidden_size * len(self.feature_layers),
+            config.hidden_size,
+            act=config.extra.get("projector_hidden_act", "gelu"),
+            bias=bool(config.extra.get("multimodal_projector_bias", True)),
+        )
+
+    def project(self, features: torch.Tensor, grids: Sequence[tuple[int, int]]) -> torch.Tensor:
+        return self.multi_modal_projector(features)
+
+
+class PixtralVision:
+    """The image side of a loaded Pixtral-family model: preprocessing (from the model folder) and
+    `get_image_embeddings`, shaped like exllamav2's vision model so code written for it runs."""
+
+    def __init__(self, model: Mistral3ForConditionalGeneration):
+        self.model = model
+        self._processor = None
+
+    @property
+    def processor(self):
+        """The model's `engine.vision.pixtral_processor.PixtralImageProcessor`, read on first use."""
+        if self._processor is None:
+            from engine.vision.pixtral_processor import PixtralImageProcessor
+
+            source = self.model.source_path
+            if source is None:
+                raise RuntimeError(
+                    "this model was not loaded from a folder, so it has no preprocessor_config.json; "
+                    "set model.vision.processor = PixtralImageProcessor.from_dict(...)"
+                )
+            self._processor = PixtralImageProcessor.from_folder(
+                Path(source), patch_size=self.model.token_patch
+            )
+        return self._processor
+
+    @processor.setter
+    def processor(self, value) -> None:
+        self._processor = value
+
+    @property
+    def image_placeholder(self) -> str | None:
+        """The tokenizer's text for the image token ("[IMG]"), or None without a usable tokenizer."""
+        try:
+            tokenizer = self.model.tokenizer
+        except (AttributeError, ModelLoadError):
+            return None
+        return tokenizer.id_to_piece(self.model.image_token_id)
+
+    def prompt_ids(self, tokenizer: Any, rows: int, cols: int) -> torch.Tensor:
+        """Token ids [rows * (cols + 1)] of one picture's layout (see engine/vision/pixtral_processor.py)."""
+        from engine.vision.pixtral_processor import image_layout
+
+        processor = self.processor
+        ids = [tokenizer.piece_to_id(t) for t in (processor.image_break_token, processor.image_end_token)]
+        if None in ids or tokenizer.id_to_piece(self.model.image_token_id) is None:
+            raise ValueError(
+                f"the tokenizer has no token {processor.image_break_token!r} or {processor.image_end_token!r}, or "
+                f"none with the image token id {self.model.image_token_id} (config.json image_token_index); use "
+                "the model's own tokenizer"
+            )
+        return image_layout(rows, cols, self.model.image_token_id, ids[0], ids[1])
+
+    def get_image_embeddings(
+        self,
+        model: object | None = None,
+        tokenizer: object | None = None,
+        image: Any = None,
+        text_alias: str | None = None,
+    ) -> MMEmbedding:
+        """Embed one image (a PIL image, a path or encoded bytes) as an MMEmbedding whose rows cover its whole
+        layout (image tokens, breaks and the end token).
+
+        `model` is accepted for exllamav2's call shape (this handle already belongs to its model);
+        `tokenizer` gives the break and end token ids, the model's own tokenizer when None.
+        """
+        if image is None:
+            raise ValueError("get_image_embeddings needs image= (a PIL image, a file path or image bytes)")
+        from engine.vision.image import image_content_hash, load_image
+
+        tokenizer = self.model.tokenizer if tokenizer is None else tokenizer
+        self._check_patch()
+        picture = load_image(image)
+        pixels = self.processor(picture)  # [3, H, W] float32
+        features = self.model.encode_images([pixels])[0]  # [rows * cols, hidden]
+        rows, cols = pixels.shape[-2] // self.model.token_patch, pixels.shape[-1] // self.model.token_patch
+        ids = self.prompt_ids(tokenizer, rows, cols).to(self.model.device)
+        is_image = ids == self.model.image_token_id
+        with torch.no_grad():
+            embeddings = self.model.embed(
+                torch.where(is_image, torch.zeros_like(ids), ids)
+            )  # [num_tokens, hidden]
+        embeddings[is_image] = features.to(embeddings.dtype)
+        return MMEmbedding(embeddings, image_hash=image_content_hash(picture), text_alias=text_alias)
+
+    def _check_patch(self) -> None:
+        stated = getattr(self.processor, "stated_patch_size", None)
+        if stated is not None and stated != self.model.token_patch:
+            # transformers would resize to `stated` and then write a token grid the model cannot fill.
+            raise ValueError(
+                f"processor_config.json's patch_size x spatial_merge_size is {stated}, but config.json gives image "
+                f"tokens of {self.model.token_patch} pixels; the processor config and config.json do not belong "
+                "together"
+            )
+
+
+def _language_model(config: ModelConfig) -> Model:
+    from engine.models.registry import model_class  # the registry imports this module
+
+    arch = config.text_architecture or "MistralForCausalLM"
+    try:
+        cls = model_class(arch)
+    except UnsupportedArchitectureError as e:
+        raise UnsupportedArchitectureError(
+            f"the language model of this {config.architecture} (text_config): {e}"
+        ) from None
+    if issubclass(cls, Mistral3ForConditionalGeneration) or arch == config.architecture:
+        raise UnsupportedArchitectureError(f"config.json text_config names {config.architecture} itself")
+    return cls(replace(config, architecture=arch, text_architecture=None))
