@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from kernels import dispatch
+from kernels import triton as triton_kernels  # imports triton itself only on the first CUDA call
 from kernels.torch_ref import activation, attention, norm, quant, rope
 
 dispatch.register("write_kv", attention.write_kv, reference=True)
@@ -15,6 +16,12 @@ dispatch.register("paged_attention_key_ends", attention.paged_attention_key_ends
 dispatch.register("rms_norm", norm.rms_norm, reference=True)
 dispatch.register("apply_rope", rope.apply_rope, reference=True)
 dispatch.register("silu_and_mul", activation.silu_and_mul, reference=True)
+# Triton kernels go ahead of the twins; each declines (None) anything but CUDA tensors it can handle.
+dispatch.register("write_kv", triton_kernels.write_kv)
+dispatch.register("paged_attention", triton_kernels.paged_attention)
+dispatch.register("rms_norm", triton_kernels.rms_norm)
+dispatch.register("apply_rope", triton_kernels.apply_rope)
+dispatch.register("silu_and_mul", triton_kernels.silu_and_mul)
 dispatch.register("linear_int4", quant.linear_int4_cpu)
 dispatch.register("linear_int4", quant.linear_int4, reference=True)
 

@@ -7,7 +7,15 @@ import os
 
 import pytest
 import torch
-import transformers
+
+from kernels.triton import launch
+
+if not torch.cuda.is_available():
+    # triton picks interpreter or compiled mode when first imported, and transformers' model code imports it
+    # (through torch._dynamo): switch the Triton kernel tests to the CPU interpreter before that happens.
+    launch.use_interpreter()
+
+import transformers  # noqa: E402
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
