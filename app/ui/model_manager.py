@@ -36,6 +36,7 @@ from app.service.catalog import (
     model_display_name,
 )
 from engine.loading.starter import STARTER_NAME, starter_path
+from engine.models.registry import supported_architectures, vision_architectures
 from engine.paths import models_dir
 
 log = logging.getLogger(__name__)
@@ -66,9 +67,18 @@ def _describe(path: str) -> tuple[str, str]:
     parts = [str(info[k]) for k in ("architecture", "quantization", "format") if info.get(k)]
     if info.get("size_bytes"):
         parts.append(f"{info['size_bytes'] / 2**20:.1f} MiB")
+    if info.get("can_see_images"):
+        parts.append("sees images")
     if info.get("supported") is False:
         parts.append("architecture not supported yet")
     return ", ".join(parts), ""
+
+
+def supported_text() -> str:
+    """The architectures the engine runs, text and vision, for the dialog's help line."""
+    vision = set(vision_architectures())
+    text = [a for a in supported_architectures() if a not in vision]
+    return f"Runs text models: {', '.join(text)}.\nRuns vision models: {', '.join(sorted(vision))}."
 
 
 def _emit(signal, *args) -> None:
@@ -141,6 +151,10 @@ class ModelManager(QDialog):
         layout = QVBoxLayout(self)
         layout.addWidget(QLabel("Models on this computer (double-click to load):"))
         layout.addWidget(self.model_list, 1)
+        self.supported_label = QLabel(supported_text())
+        self.supported_label.setWordWrap(True)
+        self.supported_label.setStyleSheet("color: palette(mid);")
+        layout.addWidget(self.supported_label)
         layout.addLayout(buttons)
         layout.addWidget(self.status_label)
         layout.addWidget(self.progress_bar)

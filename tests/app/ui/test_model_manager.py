@@ -278,3 +278,22 @@ def test_download_offline_says_so_quickly(qtbot, manager, store, monkeypatch):
     assert elapsed < 20, elapsed
     assert not manager.download_progress.isVisible()
     assert store.list_models() == []  # nothing half-downloaded was remembered
+
+
+def test_manager_names_the_architectures_it_runs_and_marks_vision_models(manager, tiny_llava_folder):
+    text = manager.supported_label.text()
+    for arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM"):
+        assert arch in text.split("\n")[0], arch
+    for arch in (
+        "LlavaForConditionalGeneration",
+        "Qwen2_5_VLForConditionalGeneration",
+        "Mistral3ForConditionalGeneration",
+    ):
+        assert arch in text.split("\n")[1], arch
+    manager.add_model(tiny_llava_folder)
+    row = next(
+        manager.model_list.item(i).text()
+        for i in range(manager.model_list.count())
+        if "LlavaForConditionalGeneration" in manager.model_list.item(i).text()
+    )
+    assert "sees images" in row
