@@ -47,3 +47,5 @@ class Result(TypedDict, total=False):
     time_prefill: float
     time_generate: float
     held: Held
+    accepted_draft_tokens: int  # when the generator speculates: drafted tokens the model accepted
+    rejected_draft_tokens: int  # ... and drafted tokens it rejected

@@ -47,7 +47,7 @@ from engine.generator import sampler_steps as steps
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SampleOutput", "SamplerSettings", "SamplerState", "sample", "tokenize_breakers"]
+__all__ = ["SampleOutput", "SamplerSettings", "SamplerState", "distribution", "sample", "tokenize_breakers"]
 
 DEFAULT_DRY_SEQUENCE_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
 
@@ -512,13 +512,35 @@ def _initial_mu(s: SamplerSettings, device: torch.device) -> torch.Tensor:
 def _sample_rows(logits, rows, settings, states, outputs) -> None:
     """Steps 4-15 for the non-greedy rows, vectorised across them."""
     token_ids, token_probs, top_ids, top_probs = outputs
-    device = logits.device
-    vocab_size = logits.shape[-1]
     row_settings = [settings[i] for i in rows]
     row_states = [states[i] for i in rows]
-    index = torch.tensor(rows, device=device)
+    index = torch.tensor(rows, device=logits.device)
     sub = logits if len(rows) == logits.shape[0] else logits[index]  # [R, V]
     num_top = top_ids.shape[-1] if top_ids is not None else 0
+    order, probs, uniforms, mirostat_rows = _final_distribution(sub, row_settings, row_states, num_top)
+    column = steps.draw(probs, uniforms[:, 1:])  # [R]
+    chosen_prob = probs.gather(-1, column[:, None]).squeeze(-1)
+    token_ids[index] = order.gather(-1, column[:, None]).squeeze(-1)
+    token_probs[index] = chosen_prob
+    for j in mirostat_rows:
+        s = row_settings[j]
+        surprise = -torch.log2(chosen_prob[j])
+        row_states[j].mirostat_mu = row_states[j].mirostat_mu - s.mirostat_eta * (surprise - s.mirostat_tau)
+    if top_ids is not None:
+        # Stable: zero-probability candidates keep the candidate (logit) order.
+        ranked = probs.sort(dim=-1, descending=True, stable=True).indices[:, :num_top]
+        top_ids[index] = order.gather(-1, ranked)
+        top_probs[index] = probs.gather(-1, ranked)
+
+
+def _final_distribution(sub, row_settings, row_states, num_top):
+    """Steps 4-14 for sampled rows ``sub [R, V]``: candidate ids and their final probabilities.
+
+    Returns ``(order [R, W], probs [R, W] float64, uniforms [R, 2], mirostat_rows)``; the second
+    uniform of each row is its draw point. Mirostat's ``mu`` is initialised but not updated here.
+    """
+    device = sub.device
+    vocab_size = sub.shape[-1]
     if any(s.top_k == 0 for s in row_settings):
         width = vocab_size
     else:  # only the top_k candidates can survive
@@ -555,7 +577,7 @@ def _sample_rows(logits, rows, settings, states, outputs) -> None:
         for j in mirostat_rows:
             if row_states[j].mirostat_mu is None:
                 row_states[j].mirostat_mu = _initial_mu(row_settings[j], device)
-        mu = torch.full((len(rows), 1), torch.inf, dtype=torch.float64, device=device)  # inf: no limit
+        mu = torch.full((len(row_settings), 1), torch.inf, dtype=torch.float64, device=device)  # inf: no limit
         for j in mirostat_rows:
             mu[j, 0] = row_states[j].mirostat_mu
         probs = steps.mirostat_truncate(probs, mu)
@@ -568,16 +590,31 @@ def _sample_rows(logits, rows, settings, states, outputs) -> None:
     if any(s.skew != 0.0 for s in row_settings):
         probs = steps.skew(probs, col(lambda s: s.skew))
 
-    column = steps.draw(probs, uniforms[:, 1:])  # [R]
-    chosen_prob = probs.gather(-1, column[:, None]).squeeze(-1)
-    token_ids[index] = order.gather(-1, column[:, None]).squeeze(-1)
-    token_probs[index] = chosen_prob
-    for j in mirostat_rows:
-        s = row_settings[j]
-        surprise = -torch.log2(chosen_prob[j])
-        row_states[j].mirostat_mu = row_states[j].mirostat_mu - s.mirostat_eta * (surprise - s.mirostat_tau)
-    if top_ids is not None:
-        # Stable: zero-probability candidates keep the candidate (logit) order.
-        ranked = probs.sort(dim=-1, descending=True, stable=True).indices[:, :num_top]
-        top_ids[index] = order.gather(-1, ranked)
-        top_probs[index] = probs.gather(-1, ranked)
+    return order, probs, uniforms, mirostat_rows
+
+
+def distribution(
+    logits: torch.Tensor,
+    settings: SamplerSettings,
+    state: SamplerState,
+    blocked: Collection[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The final distribution one :func:`sample` call would draw from, for one row ``logits [V]``.
+
+    Returns ``(token_ids [W], probs [W] float64)`` (zero-probability candidates may be included). A greedy
+    row is a point mass on its argmax. Speculative decoding uses it to accept or reject drafted tokens.
+    A sampled row takes its two uniforms from ``state.generator`` as :func:`sample` does (the XTC coin
+    is used here), so the job's random stream advances the same way. Mirostat rows are not supported: their
+    ``mu`` update depends on the token finally chosen.
+    """
+    if settings.mirostat and not settings.is_greedy:
+        raise ValueError("distribution: mirostat rows need the chosen token to update mu; use sample()")
+    row = logits.to(torch.float32, copy=True)[None]  # [1, V]
+    _adjust_logits(row, [settings], [state], [blocked])
+    if not bool(torch.isfinite(row.amax()).item()):
+        raise ValueError("distribution: no finite logit: every token is banned, or the logits hold NaN/inf")
+    if settings.is_greedy:
+        ids = row.argmax(dim=-1)  # [1]
+        return ids, torch.ones(1, dtype=torch.float64, device=row.device)
+    order, probs, _, _ = _final_distribution(row, [settings], [state], 0)
+    return order[0], probs[0] / probs[0].sum()

@@ -39,6 +39,8 @@ class JobSession:
         self.detok = None
         self.state: SamplerState | None = None
         self.time_admitted = self.time_first_token = None
+        self.speculative = False  # set by a generator that drafts tokens; eos results then count them
+        self.num_accepted_draft = self.num_rejected_draft = 0
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -229,6 +231,9 @@ class JobSession:
         r["time_enqueued"] = self.time_admitted - self.job.time_enqueued
         r["time_prefill"] = end - self.time_admitted
         r["time_generate"] = now - end
+        if self.speculative:
+            r["accepted_draft_tokens"] = self.num_accepted_draft
+            r["rejected_draft_tokens"] = self.num_rejected_draft
         r["held"] = {
             "text": self.text.held,
             "token_ids": torch.tensor([self.generated[self.released :]], dtype=torch.long),

@@ -230,29 +230,40 @@ def test_bulk_processing_with_timing(exl, capsys):
     assert capsys.readouterr().out == f"Processed 3 jobs, {total_tokens} tokens\n"
 
 
-def test_speculative_decoding_with_draft_model_is_issue_g(exl, starter_gguf):
-    model, cache, tokenizer = exl.model, exl.cache, exl.tokenizer
+def test_speculative_decoding_with_draft_model(exl, starter_gguf):
+    model, tokenizer = exl.model, exl.tokenizer
+    # test: caches of their own, since two generators must not share one cache's pages
+    cache = ExLlamaV2Cache(model, max_seq_len=1024, lazy=True)
+    plain = ExLlamaV2DynamicGenerator(
+        model=model, cache=ExLlamaV2Cache(model, max_seq_len=1024, lazy=True), tokenizer=tokenizer
+    )
     calls = []  # test
 
     # Load draft model
     draft_config = ExLlamaV2Config(str(starter_gguf))
     draft_config.prepare()
     draft_model = ExLlamaV2(draft_config)
-    draft_cache = ExLlamaV2Cache(draft_model, lazy=True)
+    draft_cache = ExLlamaV2Cache(draft_model, max_seq_len=1024, lazy=True)  # test: max_seq_len as the cache's
     draft_model.load_autosplit(draft_cache, callback=lambda done, total: calls.append((done, total)))  # test
 
-    with pytest.raises(NotImplementedError, match=r"issue \[G\]"):
-        ExLlamaV2DynamicGenerator(
-            model=model,
-            cache=cache,
-            tokenizer=tokenizer,
-            draft_model=draft_model,
-            draft_cache=draft_cache,
-            num_draft_tokens=5,
-        )
+    generator = ExLlamaV2DynamicGenerator(
+        model=model,
+        cache=cache,
+        tokenizer=tokenizer,
+        draft_model=draft_model,
+        draft_cache=draft_cache,
+        num_draft_tokens=5,
+    )
     # exllamav2's load callback(done, total) ran to the end; the draft cache belongs to the draft model.
     assert calls[-1] == (100, 100) and calls == sorted(calls)
     assert draft_cache.engine_cache.model is draft_model.engine_model is not model.engine_model
+    # test: the same weights as draft accept every greedy draft and give the plain generator's text.
+    greedy = ExLlamaV2Sampler.Settings.greedy()
+    text, last = generator.generate(
+        "Once upon a time", max_new_tokens=12, gen_settings=greedy, return_last_results=True
+    )
+    assert text == plain.generate("Once upon a time", max_new_tokens=12, gen_settings=greedy)
+    assert last["accepted_draft_tokens"] > 0 and last["rejected_draft_tokens"] == 0
     # A cache handed to a generator with another model is refused.
     with pytest.raises(ValueError, match="different model"):
         ExLlamaV2DynamicGenerator(model=model, cache=draft_cache, tokenizer=tokenizer)
@@ -260,16 +271,26 @@ def test_speculative_decoding_with_draft_model_is_issue_g(exl, starter_gguf):
         model.load_autosplit(draft_cache)
 
 
-def test_ngram_speculation_is_issue_g(exl):
-    model, cache, tokenizer = exl.model, exl.cache, exl.tokenizer
-    with pytest.raises(NotImplementedError, match=r"issue \[G\]"):
-        ExLlamaV2DynamicGenerator(
-            model=model,
-            cache=cache,
-            tokenizer=tokenizer,
-            use_ngram_draft=True,
-            max_ngram=4,
-        )
+def test_ngram_speculation(exl):
+    model, tokenizer = exl.model, exl.tokenizer
+    # test: caches of their own, since two generators must not share one cache's pages
+    cache = ExLlamaV2Cache(model, max_seq_len=1024, lazy=True)
+    plain = ExLlamaV2DynamicGenerator(
+        model=model, cache=ExLlamaV2Cache(model, max_seq_len=1024, lazy=True), tokenizer=tokenizer
+    )
+    generator = ExLlamaV2DynamicGenerator(
+        model=model,
+        cache=cache,
+        tokenizer=tokenizer,
+        use_ngram_draft=True,
+        max_ngram=4,
+    )
+    # test: a repetitive prompt; greedy text equals the plain generator's.
+    prompt = "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3,"
+    greedy = ExLlamaV2Sampler.Settings.greedy()
+    text, last = generator.generate(prompt, max_new_tokens=16, gen_settings=greedy, return_last_results=True)
+    assert text == plain.generate(prompt, max_new_tokens=16, gen_settings=greedy)
+    assert last["accepted_draft_tokens"] > 0
 
 
 def test_async_usage_generate_cancel_close(exl, capsys):

@@ -243,8 +243,8 @@ def test_bad_arguments(tiny_model):
         DynamicJob(torch.tensor([[1, 2]]), 5, stop_conditions=[1.5])
     with pytest.raises(ValueError, match="empty"):
         DynamicJob(torch.tensor([[]], dtype=torch.long), 5)
-    with pytest.raises(NotImplementedError, match=r"\[G\]"):
-        make_gen(tiny_model, use_ngram_draft=True)
+    with pytest.raises(ValueError, match="draft_model and draft_cache go together"):
+        make_gen(tiny_model, draft_model=tiny_model)
     with pytest.raises(ValueError, match="vocabulary"):
         make_gen(tiny_model).enqueue(DynamicJob(torch.tensor([[1, 10**6]]), 5))
 
