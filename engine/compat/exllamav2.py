@@ -23,6 +23,7 @@ import torch
 from engine.cache.cache import Cache
 from engine.config import ModelConfig
 from engine.errors import MissingFileError, ModelLoadError
+from engine.generator.cfg import padding_id
 from engine.generator.dynamic import DynamicGenerator
 from engine.generator.dynamic_async import DynamicGeneratorAsync, DynamicJobAsync
 from engine.generator.job import DynamicJob
@@ -239,7 +240,7 @@ class ExLlamaV2Tokenizer:
         tok = self.engine_tokenizer
         rows = [tok.encode(t, add_bos, add_eos, encode_special_tokens, embeddings)[0] for t in texts]
         width = max(len(r) for r in rows)
-        pad = next((i for i in (tok.pad_token_id, tok.eos_token_id) if i is not None), 0)
+        pad = padding_id(tok)  # the id a CFG job strips from the left of each row
         ids = torch.full((len(rows), width), pad, dtype=torch.long)  # [batch, width]
         for i, row in enumerate(rows):
             ids[i, width - len(row) :] = row

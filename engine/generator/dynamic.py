@@ -18,6 +18,7 @@ import torch
 
 from engine.cache.cache import Cache
 from engine.cache.page_table import PageTable
+from engine.generator import cfg
 from engine.generator.filters import Filter, MaskWorkers
 from engine.generator.images import check_embeddings_fit, splice_inputs
 from engine.generator.job import DynamicJob
@@ -106,6 +107,7 @@ class DynamicGenerator:
             return [self.enqueue(j) for j in job]
         if not isinstance(job, DynamicJob):
             raise TypeError(f"enqueue takes a DynamicJob or a list of them, not {type(job).__name__}")
+        cfg.strip_left_padding(job, self.tokenizer)
         self.validate(job)
         with self._lock:
             job.serial = self._next_serial
@@ -120,6 +122,9 @@ class DynamicGenerator:
                 max_skips=job.max_skips,
                 may_rewind=bool(job.banned_strings),
             )
+            if job.negative_ids is not None:
+                neg = job.negative_ids
+                seq.negative = replace(seq, tokens=list(neg), prompt_len=len(neg), pages=[], shadow=True)
             session.seq = seq
             self._sessions[job.serial] = session
             self.scheduler.waiting.append(seq)
@@ -142,6 +147,8 @@ class DynamicGenerator:
                 f"max_new_tokens {job.max_new_tokens}) but the whole cache has {self.num_pages}; make the cache "
                 "larger, shorten the prompt, or lower max_new_tokens"
             )
+        if job.negative_ids is not None:
+            cfg.check_fits(job, vocab, self.max_batch_size, self.page_table.pages_for, self.num_pages, self.max_seq_len)
         if total > self.max_seq_len:
             raise ValueError(
                 f"the job needs {total} tokens (prompt {len(job.prompt_ids)} + max_new_tokens "
@@ -175,7 +182,7 @@ class DynamicGenerator:
         return len(self._sessions)
 
     def num_active_jobs(self) -> int:
-        return len(self.scheduler.active)
+        return sum(1 for seq in self.scheduler.active if not seq.shadow)
 
     # --- one step ------------------------------------------------------------------------------------------
 
@@ -201,7 +208,7 @@ class DynamicGenerator:
                 drafts = self._drafts(steps) if self.speculative else {}
                 logits = self._forward(steps, drafts)
             except Exception as e:
-                failed = [(self._sessions[s.seq.serial].job, e) for s in steps]
+                failed = [(self._sessions[s.seq.serial].job, e) for s in steps if not s.seq.shadow]
                 for s in steps:
                     self.cancel(self._sessions[s.seq.serial].job)
                 self._buffered = results
@@ -213,7 +220,7 @@ class DynamicGenerator:
                 session = self._sessions[step.seq.serial]
                 if step.needs_logits:
                     sampled_steps.append(step)
-                else:
+                elif not step.seq.shadow:
                     results.append(session.prefill_result())
             results.extend(self._sample_and_emit(sampled_steps, logits, failures, drafts))
             if failures:
@@ -256,7 +263,7 @@ class DynamicGenerator:
     def _start_filter_masks(self, steps: list[Step]) -> None:
         # A filter mask depends only on tokens already accepted, so it is computed while the forward runs.
         if self._mask_workers is not None:
-            sessions = [self._sessions[s.seq.serial] for s in steps if s.needs_logits]
+            sessions = [self._sessions[s.seq.serial] for s in steps if s.needs_logits and not s.seq.shadow]
             self._mask_workers.start([s.filters for s in sessions if s.filters is not None])
 
     def _sample_and_emit(
@@ -268,6 +275,9 @@ class DynamicGenerator:
     ) -> list[Result]:
         if not steps:
             return []
+        if any(s.seq.shadow for s in steps):
+            scales = {s.seq.serial: self._sessions[s.seq.serial].job.cfg_scale for s in steps if s.seq.shadow}
+            steps, logits = cfg.mix_pairs(steps, logits, {k: len(d) + 1 for k, d in drafts.items()}, scales)
         results: list[Result] = []
         plain, plain_rows, row = [], [], 0
         now = time.perf_counter()
@@ -343,8 +353,8 @@ class DynamicGenerator:
         job = session.job
         if len(step.token_ids) != 1 or not step.needs_logits or not session.generated:
             return 0  # prefill, or the first token (token healing and min_new_tokens start there)
-        if session.filters is not None or job.embeddings:
-            return 0  # filters keep per-token grammar state; image jobs decode plainly (the draft has no images)
+        if session.filters is not None or job.embeddings or job.negative_ids is not None:
+            return 0  # filters keep grammar state; image jobs decode plainly (the draft has no images); CFG mixes
         settings = job.gen_settings
         if not settings.is_greedy and (settings.mirostat or job.return_top_tokens):
             return 0  # mirostat's mu and top-k reports need the sampler's own draw

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from engine.generator.cfg import check_cfg_scale, split_prompt_pair
 from engine.generator.filters import Filter
 from engine.generator.images import check_job_embeddings
 from engine.generator.sampler import SamplerSettings
@@ -18,8 +19,8 @@ def _as_id_list(input_ids: Any) -> list[int]:
         if input_ids.dim() == 2:
             if input_ids.shape[0] != 1:
                 raise ValueError(
-                    f"input_ids has batch size {input_ids.shape[0]}; a job takes one sequence of shape (1, n). "
-                    "Create one job per prompt."
+                    f"input_ids has batch size {input_ids.shape[0]}; a job takes one sequence of shape (1, n), "
+                    "or two (positive, negative) for classifier-free guidance. Create one job per prompt."
                 )
             input_ids = input_ids[0]
         if input_ids.dim() != 1 or input_ids.is_floating_point():
@@ -50,7 +51,12 @@ def _check_filters(filters: Any, token_healing: bool) -> list[Filter]:
 
 
 class DynamicJob:
-    """A generation request. Create it, hand it to `DynamicGenerator.enqueue`, read results from `iterate()`."""
+    """A generation request. Create it, hand it to `DynamicGenerator.enqueue`, read results from `iterate()`.
+
+    input_ids may be a (positive, negative) prompt pair for classifier-free guidance with gen_settings.cfg_scale
+    (see engine.generator.cfg), the scale read when the job is made; a single prompt ignores cfg_scale. A pair
+    given as one [2, n] tensor is taken to be left-padded, and its padding is stripped at enqueue.
+    """
 
     def __init__(
         self,
@@ -73,13 +79,15 @@ class DynamicJob:
         embeddings: Sequence[Any] | None = None,
     ):
         filters = _check_filters(filters, token_healing)
-        if (
-            isinstance(input_ids, (list, tuple))
-            and len(input_ids) == 2
-            and all(isinstance(x, torch.Tensor) for x in input_ids)
-        ):
-            raise NotImplementedError("a (positive, negative) prompt pair for CFG arrives with issue [G]")
-        self.prompt_ids = _as_id_list(input_ids)
+        pair = split_prompt_pair(input_ids)
+        self.negative_ids: list[int] | None = None  # the negative prompt of a CFG job
+        self.left_padded = False  # a [2, n] pair whose padding the generator strips at enqueue
+        self.cfg_scale: float | None = None  # gen_settings.cfg_scale of a CFG job, read here once
+        if pair is None:
+            self.prompt_ids = _as_id_list(input_ids)
+        else:
+            self.prompt_ids, self.negative_ids, self.left_padded = pair
+            self.cfg_scale = check_cfg_scale(gen_settings)
         if not self.prompt_ids:
             raise ValueError("input_ids is empty: a job needs at least one prompt token")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -132,4 +140,5 @@ class DynamicJob:
 
     def __repr__(self) -> str:
         ident = f" identifier={self.identifier!r}" if self.identifier is not None else ""
-        return f"<DynamicJob serial={self.serial}{ident} prompt={len(self.prompt_ids)} tokens>"
+        neg = f" negative={len(self.negative_ids)} tokens" if self.negative_ids is not None else ""
+        return f"<DynamicJob serial={self.serial}{ident} prompt={len(self.prompt_ids)} tokens{neg}>"

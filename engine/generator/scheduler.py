@@ -3,6 +3,10 @@
 Life of a sequence: waiting -> admitted (pages matched, copied or allocated for prompt + max_new_tokens, so
 a running job never runs out of pages) -> prefill chunks -> one token per step -> finished (pages released;
 their KV stays cached for later prompts until the pages are reused).
+
+A CFG job has two sequences with its serial: the positive one, which waits in the queue, and its `negative`
+(a shadow: never queued on its own). They are admitted together or not at all, their logits steps are planned
+into the same forward, every generated token is appended to both, and they rewind and finish together.
 """
 
 from __future__ import annotations
@@ -30,6 +34,13 @@ class Seq:
     cached_pages: int = 0
     skips: int = 0
     admitted: bool = False
+    negative: Seq | None = None  # a CFG job's negative-prompt sequence, moved in lockstep with this one
+    shadow: bool = False  # this is such a negative sequence
+
+    @property
+    def group(self) -> list[Seq]:
+        """This sequence and its CFG negative, if any."""
+        return [self] if self.negative is None else [self, self.negative]
 
     @property
     def total_tokens(self) -> int:
@@ -78,19 +89,20 @@ class Scheduler:
                 break
             if any(p.skips >= p.max_skips for p in passed):
                 break  # someone ahead was passed over often enough: it goes first
-            result = self._try_admit(seq)
+            result = self._try_admit(seq) if seq.negative is None else self._try_admit_pair(seq)
             if result is None:
                 passed.append(seq)
                 continue
             self.waiting.remove(seq)
             for p in passed:
                 p.skips += 1
-            self.active.append(seq)
+            self.active.extend(seq.group)
             admitted.append(seq)
             copies.extend(result)
         return admitted, copies
 
-    def _try_admit(self, seq: Seq) -> list[PageCopy] | None:
+    def _try_admit(self, seq: Seq, reserve: int = 0, check_planned: bool = True) -> list[PageCopy] | None:
+        """Match, copy and allocate a sequence's pages, leaving `reserve` free pages; None if it must wait."""
         ps = self.table.page_size
         # The last prompt token is always recomputed: it produces the first logits.
         reusable = seq.prompt_len - 1
@@ -98,17 +110,17 @@ class Scheduler:
         prev = matched[-1].hash if matched else ROOT_HASH
         done = len(matched) * ps
         # Another job is computing our next full page right now: wait for it rather than compute it twice.
-        if done + ps <= reusable and chain_hash(prev, seq.tokens[done : done + ps]) in self._planned:
+        if check_planned and done + ps <= reusable and chain_hash(prev, seq.tokens[done : done + ps]) in self._planned:
             return None
         num_new = self.pages_needed(seq) - len(matched)
         free_after_match = self.table.num_free - sum(1 for p in matched if p.ref_count == 0)
-        if num_new > free_after_match:
+        if num_new + reserve > free_after_match:
             return None
         for page in matched:
             self.table.acquire(page)
         source, num_copy = self.table.best_partial(prev, seq.tokens[done:], min(ps, reusable - done))
         if source is not None and num_copy > 0:
-            if source.ref_count == 0 and free_after_match - 1 < num_new:
+            if source.ref_count == 0 and free_after_match - 1 < num_new + reserve:
                 source, num_copy = None, 0  # holding the source would starve the allocation
             else:
                 self.table.acquire(source)  # keep it from being reused before the copy happens
@@ -134,6 +146,37 @@ class Scheduler:
             self._planned.setdefault(h, seq.serial)
         return copies
 
+    def _try_admit_pair(self, seq: Seq) -> list[PageCopy] | None:
+        """Admit a CFG job's two sequences together or neither: a half holding pages while the other half waits
+        could leave two such jobs each waiting for the other's pages."""
+        pair = seq.group
+        if len(self.active) + len(pair) > self.max_batch_size or any(self._waits_for_planned(s) for s in pair):
+            return None
+        matches = [self.table.match_full_pages(s.tokens, s.prompt_len - 1) for s in pair]
+        num_new = [self.pages_needed(s) - len(m) for s, m in zip(pair, matches)]
+        # Hold both matches while admitting, so the first half's allocations cannot evict the second's prefix.
+        held = [p for m in matches for p in m]
+        for page in held:
+            self.table.acquire(page)
+        copies = None
+        if sum(num_new) <= self.table.num_free:
+            # Pages the first half announces may hold the second's prefix: both compute it rather than wait.
+            copies = self._try_admit(pair[0], reserve=num_new[1], check_planned=False)
+            second = self._try_admit(pair[1], check_planned=False) if copies is not None else None
+            if copies is not None and second is None:
+                raise RuntimeError(f"CFG job {seq.serial}: its negative sequence did not fit after the page check")
+            copies = None if copies is None else copies + second
+        for page in held:
+            self.table.release(page)
+        return copies
+
+    def _waits_for_planned(self, seq: Seq) -> bool:
+        """Another sequence is computing this one's next full prompt page right now."""
+        ps, reusable = self.table.page_size, seq.prompt_len - 1
+        matched = self.table.match_full_pages(seq.tokens, reusable)
+        prev, done = (matched[-1].hash if matched else ROOT_HASH), len(matched) * ps
+        return done + ps <= reusable and chain_hash(prev, seq.tokens[done : done + ps]) in self._planned
+
     def copies_done(self) -> None:
         """The generator executed the page copies returned by admit(): drop the sources' temporary holds."""
         for page in self._copy_sources:
@@ -146,13 +189,22 @@ class Scheduler:
         """Prefill chunks and decode tokens of every active sequence for one forward pass."""
         steps = []
         for seq in self.active:
-            n = min(len(seq.tokens) - seq.num_computed, self.max_chunk_size)
-            if n <= 0:
-                continue
-            start = seq.num_computed
-            n = _keep_images_whole(seq.tokens, start, n)
-            steps.append(Step(seq, start, seq.tokens[start : start + n], start + n == len(seq.tokens)))
+            if seq.shadow:
+                continue  # planned with its positive sequence
+            group = [self._step(s) for s in seq.group]
+            # A CFG job's two logits rows are mixed, so they come from the same forward: a half whose last
+            # prefill chunk is ready waits for the other half's.
+            paired = all(step is not None and step.needs_logits for step in group)
+            steps += [step for step in group if step is not None and (not step.needs_logits or paired)]
         return steps
+
+    def _step(self, seq: Seq) -> Step | None:
+        n = min(len(seq.tokens) - seq.num_computed, self.max_chunk_size)
+        if n <= 0:
+            return None
+        start = seq.num_computed
+        n = _keep_images_whole(seq.tokens, start, n)
+        return Step(seq, start, seq.tokens[start : start + n], start + n == len(seq.tokens))
 
     def commit(self, step: Step) -> None:
         """The forward wrote K/V rows for this step's tokens: record them and name pages that became full."""
@@ -179,7 +231,8 @@ class Scheduler:
             self.table.reparent(seq.pages[idx + 1], h)
 
     def append(self, seq: Seq, token_id: int) -> None:
-        seq.tokens.append(token_id)
+        for s in seq.group:  # a CFG negative mirrors the generated tokens
+            s.tokens.append(token_id)
 
     def rewind(self, seq: Seq, num_generated: int) -> None:
         """Keep only the first `num_generated` generated tokens; the last kept token is fed again for logits."""
@@ -193,6 +246,8 @@ class Scheduler:
             if page.num_valid > valid:
                 self.table.truncate(page, valid)
         seq.num_computed = min(seq.num_computed, recompute_from)
+        if seq.negative is not None:
+            self.rewind(seq.negative, num_generated)
 
     # --- leaving -----------------------------------------------------------------------------------------
 
@@ -214,6 +269,8 @@ class Scheduler:
         for page in seq.pages:
             self.table.release(page)
         seq.pages = []
+        if seq.negative is not None:
+            self.finish(seq.negative, keep_cache)
 
 
 def _keep_images_whole(tokens: list[int], start: int, n: int) -> int:
