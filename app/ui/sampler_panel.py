@@ -108,7 +108,12 @@ _GROUPS: list[tuple[str, list[Field]]] = [
         [
             Field("token_bias", "Token bias", "text", tip='JSON object token id -> bias, e.g. {"42": -5}'),
             Field("disallowed_tokens", "Disallowed", "text", tip="JSON list of token ids, e.g. [13, 42]"),
-            Field("cfg_scale", "CFG scale", "text", tip="A number, or empty (stored; guidance arrives later)"),
+            Field(
+                "cfg_scale",
+                "CFG scale",
+                "text",
+                tip="A number, or empty. Guidance needs a negative prompt, which chats do not have yet: stored only",
+            ),
         ],
     ),
 ]
