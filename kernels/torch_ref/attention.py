@@ -57,9 +57,10 @@ def paged_attention(
     num_seqs = len(query_lens)
     runs = list(page_runs) if page_runs else [-1] * num_seqs
     if all(n == 1 for n in query_lens) and sliding_window is None:
-        if num_seqs > 1 and min(runs) < 0:
+        if num_seqs > 1:
+            # Batched: one gather and two matmuls beat a per-sequence loop (measured with 16 jobs on 2 cores).
             return _decode(q, k_cache, v_cache, block_tables, seq_lens, seq_lens_host, scale)
-        # Reading views costs nothing, and exact lengths need no padding mask: attend one sequence at a time.
+        # One sequence: its pages read as a view (no gather) and its exact length needs no padding mask.
         out = torch.empty(q.shape, dtype=k_cache.dtype, device=q.device)
         for i in range(num_seqs):
             k, v = _keys_values(k_cache, v_cache, block_tables[i], seq_lens_host[i], runs[i])
