@@ -35,6 +35,7 @@ from engine.models.batch import Batch
 from engine.models.rope import RotaryTable
 from engine.models.vision import config_value, load_checked
 from engine.models.vision.clip import VisionConfig
+from engine.models.vision.handle import VisionHandle
 from engine.models.vision.idefics3_connector import Idefics3Connector
 from engine.models.vision.idefics3_vision import Idefics3VisionTower
 from engine.vision.embedding import MMEmbedding
@@ -139,32 +140,14 @@ class Idefics3ForConditionalGeneration(Model):
         return self.language_model(inputs, positions, batch)
 
 
-class Idefics3Vision:
+class Idefics3Vision(VisionHandle):
     """The image side of a loaded Idefics3 / SmolVLM: tiling (from the folder's preprocessor_config.json) and
     `get_image_embeddings`, shaped like exllamav2's vision model so code written for it runs."""
 
-    def __init__(self, model: Idefics3ForConditionalGeneration):
-        self.model = model
-        self._processor = None
+    def read_processor(self, folder: Path):
+        from engine.vision.idefics3_processor import Idefics3ImageProcessor
 
-    @property
-    def processor(self):
-        """The model's `engine.vision.idefics3_processor.Idefics3ImageProcessor`, read on first use."""
-        if self._processor is None:
-            from engine.vision.idefics3_processor import Idefics3ImageProcessor
-
-            source = self.model.source_path
-            if source is None:
-                raise RuntimeError(
-                    "this model was not loaded from a folder, so it has no preprocessor_config.json; "
-                    "set model.vision.processor = Idefics3ImageProcessor.from_dict(...)"
-                )
-            self._processor = Idefics3ImageProcessor.from_folder(Path(source))
-        return self._processor
-
-    @processor.setter
-    def processor(self, value) -> None:
-        self._processor = value
+        return Idefics3ImageProcessor.from_folder(folder)
 
     @property
     def image_placeholder(self) -> str | None:

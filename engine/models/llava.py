@@ -26,6 +26,7 @@ from engine.models.batch import Batch
 from engine.models.rope import RotaryTable
 from engine.models.vision import load_checked, vision_tower_class
 from engine.models.vision.clip import VisionConfig
+from engine.models.vision.handle import VisionHandle
 from engine.models.vision.projector import LlavaProjector
 from engine.vision.embedding import MMEmbedding
 
@@ -162,32 +163,14 @@ class LlavaForConditionalGeneration(Model):
         return self.language_model(inputs, positions, batch)
 
 
-class LlavaVision:
+class LlavaVision(VisionHandle):
     """The image side of a loaded LLaVA: preprocessing (from the model folder's preprocessor_config.json)
     and `get_image_embeddings`, shaped like exllamav2's vision model so code written for it runs."""
 
-    def __init__(self, model: LlavaForConditionalGeneration):
-        self.model = model
-        self._processor = None
+    def read_processor(self, folder: Path):
+        from engine.vision.preprocess import ImageProcessor
 
-    @property
-    def processor(self):
-        """The model's `engine.vision.preprocess.ImageProcessor`, read from its folder on first use."""
-        if self._processor is None:
-            from engine.vision.preprocess import ImageProcessor
-
-            source = self.model.source_path
-            if source is None:
-                raise RuntimeError(
-                    "this model was not loaded from a folder, so it has no preprocessor_config.json; "
-                    "set model.vision.processor = ImageProcessor.from_dict(...)"
-                )
-            self._processor = ImageProcessor.from_folder(Path(source))
-        return self._processor
-
-    @processor.setter
-    def processor(self, value) -> None:
-        self._processor = value
+        return ImageProcessor.from_folder(folder)
 
     @property
     def image_placeholder(self) -> str | None:

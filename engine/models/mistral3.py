@@ -37,6 +37,7 @@ from engine.models.layers import RMSNorm
 from engine.models.llava import _feature_layers
 from engine.models.rope import RotaryTable
 from engine.models.vision import activation, config_value, load_checked
+from engine.models.vision.handle import VisionHandle
 from engine.models.vision.pixtral import PixtralVisionConfig, PixtralVisionTower
 from engine.models.vision.projector import LlavaProjector
 from engine.vision.embedding import MMEmbedding
@@ -222,9 +223,7 @@ class Mistral3ForConditionalGeneration(Model):
             else:
                 ignored += 1
         if ignored:
-            log.debug(
-                "ignored %d checkpoint tensors that belong to no %s part", ignored, self.config.architecture
-            )
+            log.debug("ignored %d checkpoint tensors that belong to no %s part", ignored, self.config.architecture)
         text = parts["language_model"]
         self.language_model.load_tensors(text)
         head = text.get("lm_head.weight")
@@ -256,9 +255,7 @@ class Mistral3ForConditionalGeneration(Model):
         """Per preprocessed picture [3, H, W] (sizes may differ), its image rows [rows * cols, hidden] in row
         order, rows = H // token_patch and cols = W // token_patch."""
         if isinstance(images, torch.Tensor) and images.dim() == 3:
-            raise ValueError(
-                "encode_images takes a list of images [3, H, W] (or a [N, 3, H, W] tensor), not one"
-            )
+            raise ValueError("encode_images takes a list of images [3, H, W] (or a [N, 3, H, W] tensor), not one")
         states = self.vision_tower.hidden_states([image.to(self.device) for image in images])
         features = torch.cat([states[i] for i in self.feature_layers], dim=-1)  # [total_patches, dim]
         grids = [self.vision_tower.grid(image) for image in images]
@@ -311,34 +308,14 @@ class PixtralLlavaForConditionalGeneration(Mistral3ForConditionalGeneration):
         return self.multi_modal_projector(features)
 
 
-class PixtralVision:
+class PixtralVision(VisionHandle):
     """The image side of a loaded Pixtral-family model: preprocessing (from the model folder) and
     `get_image_embeddings`, shaped like exllamav2's vision model so code written for it runs."""
 
-    def __init__(self, model: Mistral3ForConditionalGeneration):
-        self.model = model
-        self._processor = None
+    def read_processor(self, folder: Path):
+        from engine.vision.pixtral_processor import PixtralImageProcessor
 
-    @property
-    def processor(self):
-        """The model's `engine.vision.pixtral_processor.PixtralImageProcessor`, read on first use."""
-        if self._processor is None:
-            from engine.vision.pixtral_processor import PixtralImageProcessor
-
-            source = self.model.source_path
-            if source is None:
-                raise RuntimeError(
-                    "this model was not loaded from a folder, so it has no preprocessor_config.json; "
-                    "set model.vision.processor = PixtralImageProcessor.from_dict(...)"
-                )
-            self._processor = PixtralImageProcessor.from_folder(
-                Path(source), patch_size=self.model.token_patch
-            )
-        return self._processor
-
-    @processor.setter
-    def processor(self, value) -> None:
-        self._processor = value
+        return PixtralImageProcessor.from_folder(folder, patch_size=self.model.token_patch)
 
     @property
     def image_placeholder(self) -> str | None:
@@ -389,9 +366,7 @@ class PixtralVision:
         ids = self.prompt_ids(tokenizer, rows, cols).to(self.model.device)
         is_image = ids == self.model.image_token_id
         with torch.no_grad():
-            embeddings = self.model.embed(
-                torch.where(is_image, torch.zeros_like(ids), ids)
-            )  # [num_tokens, hidden]
+            embeddings = self.model.embed(torch.where(is_image, torch.zeros_like(ids), ids))  # [num_tokens, hidden]
         embeddings[is_image] = features.to(embeddings.dtype)
         return MMEmbedding(embeddings, image_hash=image_content_hash(picture), text_alias=text_alias)
 

@@ -37,6 +37,7 @@ from engine.models.batch import Batch
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.rope import MultimodalRotaryTable, RotaryTable, inverse_frequencies
 from engine.models.vision import load_checked
+from engine.models.vision.handle import VisionHandle
 from engine.models.vision.qwen2_vl_vision import Grid, Qwen2VisionConfig, Qwen2VisionTransformer
 from engine.vision.embedding import MMEmbedding
 
@@ -212,31 +213,16 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
     is_v2_5 = True
 
 
-class Qwen2VLVision:
+class Qwen2VLVision(VisionHandle):
     """The image side of a loaded Qwen2-VL: preprocessing (from the folder's processor config), the chat
     template's placeholder, and `get_image_embeddings` (exllamav2's call shape)."""
 
-    def __init__(self, model: Qwen2VLForConditionalGeneration):
-        self.model = model
-        self._processor = None
+    def read_processor(self, folder: Path):
+        from engine.vision.qwen2_vl_processor import Qwen2VLImageProcessor
 
-    @property
-    def processor(self):
-        """The model's `engine.vision.qwen2_vl_processor.Qwen2VLImageProcessor`, read from its folder on first use."""
-        if self._processor is None:
-            from engine.vision.qwen2_vl_processor import Qwen2VLImageProcessor
+        return Qwen2VLImageProcessor.from_folder(folder)
 
-            source = self.model.source_path
-            if source is None:
-                raise RuntimeError(
-                    "this model was not loaded from a folder, so it has no preprocessor_config.json; "
-                    "set model.vision.processor = Qwen2VLImageProcessor.from_dict(...)"
-                )
-            self.processor = Qwen2VLImageProcessor.from_folder(Path(source))
-        return self._processor
-
-    @processor.setter
-    def processor(self, value) -> None:
+    def check_processor(self, value) -> None:
         vc = self.model.vision_config
         mine = (vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size)
         theirs = (value.patch_size, value.merge_size, value.temporal_patch_size)
@@ -245,7 +231,6 @@ class Qwen2VLVision:
                 f"the image processor cuts (patch_size, merge_size, temporal_patch_size) = {theirs} but the vision "
                 f"model takes {mine}; the processor config and config.json do not belong together"
             )
-        self._processor = value
 
     def _piece(self, token_id: int) -> str | None:
         try:

@@ -75,13 +75,8 @@ class PixtralVisionConfig:
         config = cls(**fields)
         for name in ("hidden_size", "intermediate_size", "num_attention_heads", "patch_size", "num_channels"):
             if getattr(config, name) < 1:
-                raise ModelLoadError(
-                    f"config.json vision_config {name} is {getattr(config, name)}; it must be >= 1."
-                )
-        if (
-            config.hidden_size % config.num_attention_heads
-            or (config.hidden_size // config.num_attention_heads) % 2
-        ):
+                raise ModelLoadError(f"config.json vision_config {name} is {getattr(config, name)}; it must be >= 1.")
+        if config.hidden_size % config.num_attention_heads or (config.hidden_size // config.num_attention_heads) % 2:
             raise ModelLoadError(
                 f"config.json vision_config hidden_size {config.hidden_size} does not split into "
                 f"{config.num_attention_heads} heads of an even size, which rotary positions need."
@@ -111,13 +106,9 @@ class PixtralAttention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         num_tokens, hidden = x.shape
-        q, k, v = (
-            self.qkv_proj(x).view(num_tokens, 3, self.num_heads, self.head_dim).unbind(1)
-        )  # [T, heads, D]
+        q, k, v = self.qkv_proj(x).view(num_tokens, 3, self.num_heads, self.head_dim).unbind(1)  # [T, heads, D]
         q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
         o = F.scaled_dot_product_attention(
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=self.head_dim**-0.5
@@ -147,9 +138,7 @@ class PixtralLayer(nn.Module):
         self.ffn_norm = RMSNorm(config.hidden_size, _NORM_EPS)
         self.feed_forward = PixtralMLP(config)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x)[0], cos, sin, mask)
         return x + self.feed_forward(self.ffn_norm(x)[0])
 
@@ -207,9 +196,7 @@ class PixtralVisionTower(nn.Module):
                     f"an image of {image.shape[-2]}x{image.shape[-1]} pixels is smaller than one {self.patch_size}px "
                     "patch; prepare images with the model's image processor"
                 )
-            x = self.patch_conv(
-                image[None].to(device=weight.device, dtype=weight.dtype)
-            )  # [1, hidden, rows, cols]
+            x = self.patch_conv(image[None].to(device=weight.device, dtype=weight.dtype))  # [1, hidden, rows, cols]
             patches.append(x[0].flatten(1).T)  # [rows * cols, hidden], row by row
             grids.append((rows, cols))
         return self.ln_pre(torch.cat(patches))[0], grids
@@ -223,9 +210,7 @@ class PixtralVisionTower(nn.Module):
         pos = torch.cat(coords).float()  # [total_patches, 2] (row, col)
         inv = self.inv_freq.to(device)
         half = (inv.shape[0] + 1) // 2  # the row frequencies come first
-        angles = torch.cat(
-            (pos[:, :1] * inv[:half], pos[:, 1:] * inv[half:]), dim=-1
-        )  # [total, head_dim / 2]
+        angles = torch.cat((pos[:, :1] * inv[:half], pos[:, 1:] * inv[half:]), dim=-1)  # [total, head_dim / 2]
         angles = torch.cat((angles, angles), dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
