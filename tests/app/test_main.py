@@ -27,9 +27,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_main_until(argv: list[str], inspect, timeout: float = 60.0, ready=None) -> tuple[int, dict]:
-    """Run `main(argv)` in this process; once `ready(window)` (default: a model is loaded), `inspect(window)`
-    fills a dict, then the window closes and the app quits."""
-    ready = ready or (lambda w: w.service.is_loaded)
+    """Run `main(argv)` in this process; once `ready(window)` (default: the window shows a loaded model),
+    `inspect(window)` fills a dict, then the window closes and the app quits.
+
+    The default waits for the status bar, not just `service.is_loaded`: the service flips that flag on its
+    loading thread a moment before the window handles the `model_loaded` signal (a CI run caught the gap)."""
+    ready = ready or (lambda w: w.service.is_loaded and w.model_label.text().startswith("Model:"))
     seen: dict = {}
     deadline = time.monotonic() + timeout
 
