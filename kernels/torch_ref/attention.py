@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from kernels.torch_ref.paged_decode import decode_attention
+
 
 def write_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
@@ -56,17 +58,8 @@ def paged_attention(
     """
     num_seqs = len(query_lens)
     runs = list(page_runs) if page_runs else [-1] * num_seqs
-    if all(n == 1 for n in query_lens) and sliding_window is None:
-        if num_seqs > 1:
-            # Batched: one gather and two matmuls beat a per-sequence loop (measured with 16 jobs on 2 cores).
-            return _decode(q, k_cache, v_cache, block_tables, seq_lens, seq_lens_host, scale)
-        # One sequence: its pages read as a view (no gather) and its exact length needs no padding mask.
-        out = torch.empty(q.shape, dtype=k_cache.dtype, device=q.device)
-        for i in range(num_seqs):
-            k, v = _keys_values(k_cache, v_cache, block_tables[i], seq_lens_host[i], runs[i])
-            qi = q[i, :, None].to(k.dtype)[None]  # [1, Hq, 1, D]
-            out[i] = F.scaled_dot_product_attention(qi, k, v, scale=scale, enable_gqa=True)[0, :, 0]
-        return out
+    if all(n == 1 for n in query_lens):
+        return decode_attention(q, k_cache, v_cache, block_tables, seq_lens_host, scale, sliding_window)
 
     out = torch.empty(q.shape, dtype=k_cache.dtype, device=q.device)
     start = 0
@@ -141,26 +134,3 @@ def paged_attention_key_ends(
         out[start : start + q_len] = o[0].transpose(0, 1)
         start += q_len
     return out
-
-
-def _decode(q, k_cache, v_cache, block_tables, seq_lens, seq_lens_host, scale) -> torch.Tensor:
-    """One query per sequence: gather the pages in use, pad to whole pages, two batched matmuls.
-
-    The key length is padded to whole pages (and masked) so the matmul shapes change only when a page
-    fills up: CPU bf16 matmuls build a kernel per new shape, which costs far more than the padding.
-    """
-    num_seqs, num_q_heads, head_dim = q.shape
-    num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
-    num_pages = (max(seq_lens_host) + page_size - 1) // page_size
-    length = num_pages * page_size
-    pages = block_tables[:, :num_pages].reshape(-1)
-    shape = (num_seqs, length, num_kv_heads, head_dim)
-    k = k_cache.index_select(0, pages).view(shape).permute(0, 2, 3, 1)  # [B, Hkv, D, L]
-    v = v_cache.index_select(0, pages).view(shape).transpose(1, 2)  # [B, Hkv, L, D]
-    # Query heads are grouped by the KV head they share: head h reads KV head h // group.
-    qg = q.view(num_seqs, num_kv_heads, num_q_heads // num_kv_heads, head_dim).to(k.dtype)
-    scores = torch.matmul(qg, k).float() * scale  # [B, Hkv, group, L]
-    pad = torch.arange(length, device=q.device)[None, :] >= seq_lens[:, None]  # [B, L]
-    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
-    probs = scores.softmax(dim=-1).to(v.dtype)
-    return torch.matmul(probs, v).view(num_seqs, num_q_heads, head_dim)

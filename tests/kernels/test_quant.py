@@ -110,3 +110,28 @@ def test_op_uses_the_cpu_kernel_and_forced_reference_uses_the_twin(monkeypatch):
     assert dispatch.candidates("linear_int4") == [quant.linear_int4]
     weight = quant.dequantize_int4(packed, sz, 32, torch.float32)
     assert torch.equal(ops.linear_int4(x, packed, sz, 32), F.linear(x, weight))
+
+
+@pytest.mark.parametrize("num_rows,num_cols", [(16, 64), (48, 320), (64, 64), (192, 128), (960, 576), (3072, 576)])
+def test_the_row_block_unpack_agrees_with_the_learned_inverse(num_rows, num_cols):
+    q, _ = _random_int4(num_rows, num_cols, 32, torch.float32, seed=3)
+    packed = quant.pack_int4(q)
+    flat = packed.reshape(-1)
+    nibbles = torch.stack((flat & 15, flat >> 4), dim=1).reshape(-1)
+    learned = nibbles[quant._unpack_index(num_rows, num_cols).long()].reshape(num_rows, num_cols)
+    assert torch.equal(learned.to(torch.int32), q)
+    assert torch.equal(quant.unpack_int4(packed), learned)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prompt_sized_inputs_take_the_dense_path_and_agree_with_the_int4_kernel(dtype):
+    num_rows, num_cols, group = 960, 576, 32
+    q, sz = _random_int4(num_rows, num_cols, group, torch.float32, seed=4)
+    packed, sz = quant.pack_int4(q), sz.to(dtype)
+    x = torch.randn(quant.DENSE_FROM_ROWS + 3, num_cols, generator=torch.Generator().manual_seed(5)).to(dtype)
+    dense = quant.linear_int4_cpu(x, packed, sz, group)
+    kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, sz)
+    if quant._row_block(num_rows, num_cols):  # the dense path needs the fast unpack
+        assert not torch.equal(dense, kernel)  # a different computation, so not bit-identical...
+    tol = 1e-4 if dtype == torch.float32 else 0.03 * kernel.float().abs().max().item()
+    torch.testing.assert_close(dense.float(), kernel.float(), rtol=1e-4, atol=tol)  # ...but the same product
