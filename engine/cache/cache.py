@@ -10,7 +10,8 @@ from engine.config import ModelConfig
 class Cache:
     """The paged KV store shared by all jobs of one generator.
 
-    Per layer, keys and values are `[num_pages, page_size, num_kv_heads, head_dim]`. `max_seq_len` is the
+    Per layer, keys and values are `[num_pages, page_size, num_kv_heads, head_dim]` (possibly a strided view,
+    see `_layer_tensor`). `max_seq_len` is the
     total token budget across all jobs and must be a multiple of `page_size`.
     """
 
@@ -29,9 +30,22 @@ class Cache:
         self.num_pages = max_seq_len // page_size
         self.dtype = dtype or model.dtype
         self.device = model.device
-        shape = (self.num_pages, page_size, config.num_key_value_heads, config.head_dim)
-        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(config.num_hidden_layers)]
-        self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(config.num_hidden_layers)]
+        self.k = [self._layer_tensor(config) for _ in range(config.num_hidden_layers)]
+        self.v = [self._layer_tensor(config) for _ in range(config.num_hidden_layers)]
+
+    def _layer_tensor(self, config: ModelConfig) -> torch.Tensor:
+        """One layer's keys or values, shape [num_pages, page_size, num_kv_heads, head_dim] in every case.
+
+        On the CPU the memory underneath is head-major ([num_pages, num_kv_heads, page_size, head_dim], the
+        tensor a permuted view of it): decode attention there multiplies each head's page as one contiguous
+        matrix, and copying pages into that order on every step cost a tenth of a 16-job decode step. GPU
+        kernels index any strides but want each slot's heads contiguous, so elsewhere the layout is plain.
+        """
+        heads, dim = config.num_key_value_heads, config.head_dim
+        if self.device.type == "cpu":
+            memory = torch.zeros((self.num_pages, heads, self.page_size, dim), dtype=self.dtype, device=self.device)
+            return memory.permute(0, 2, 1, 3)
+        return torch.zeros((self.num_pages, self.page_size, heads, dim), dtype=self.dtype, device=self.device)
 
     def copy_page(self, src: int, dst: int, num_tokens: int | None = None) -> None:
         """Copy the first `num_tokens` rows (all by default) of page `src` into page `dst` on every layer."""

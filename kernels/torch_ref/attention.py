@@ -25,8 +25,15 @@ def write_kv(
 ) -> bool:
     """Store new K/V rows at flat slots (page_id * page_size + offset)."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    if k_cache.is_contiguous() and v_cache.is_contiguous():
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+        return True
+    # A strided cache (head-major memory on the CPU): address slots as (page, offset) pairs.
+    page_size = k_cache.shape[1]
+    pages, offsets = slot_mapping // page_size, slot_mapping % page_size
+    k_cache.index_put_((pages, offsets), k.to(k_cache.dtype))
+    v_cache.index_put_((pages, offsets), v.to(v_cache.dtype))
     return True
 
 
@@ -58,8 +65,16 @@ def paged_attention(
     """
     num_seqs = len(query_lens)
     runs = list(page_runs) if page_runs else [-1] * num_seqs
-    if all(n == 1 for n in query_lens):
+    if all(n == 1 for n in query_lens) and (num_seqs > 1 or sliding_window is not None):
+        # Several sequences: one page-split pass over all their pages beats any per-sequence loop.
         return decode_attention(q, k_cache, v_cache, block_tables, seq_lens_host, scale, sliding_window)
+    if num_seqs == 1 and query_lens[0] == 1:
+        # One sequence: its pages read as a view (no gather), and its exact length needs no mask.
+        if not _viewable(k_cache, seq_lens_host[0], runs[0]):
+            return decode_attention(q, k_cache, v_cache, block_tables, seq_lens_host, scale, sliding_window)
+        k, v = _keys_values(k_cache, v_cache, block_tables[0], seq_lens_host[0], runs[0])
+        qi = q[0, :, None].to(k.dtype)[None]  # [1, Hq, 1, D]
+        return F.scaled_dot_product_attention(qi, k, v, scale=scale, enable_gqa=True)[0, :, 0][None]
 
     out = torch.empty(q.shape, dtype=k_cache.dtype, device=q.device)
     start = 0
@@ -78,6 +93,12 @@ def paged_attention(
     return out
 
 
+def _viewable(k_cache: torch.Tensor, kv_len: int, run: int) -> bool:
+    """Whether `_keys_values` can return a view: one run of pages whose slots merge into one axis."""
+    page_size = k_cache.shape[1]
+    return run >= 0 and (kv_len <= page_size or k_cache.stride(0) == page_size * k_cache.stride(1))
+
+
 def _keys_values(
     k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor, kv_len: int, run: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,8 +114,9 @@ def _keys_values(
     else:
         pages = table[:num_pages]
         k, v = k_cache.index_select(0, pages), v_cache.index_select(0, pages)
-    k = k.view(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)[None]
-    v = v.view(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)[None]
+    # reshape is a view when the pages' slots merge (a plain cache, or a single head-major page), else a copy
+    k = k.reshape(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)[None]
+    v = v.reshape(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)[None]
     return k, v
 
 
@@ -122,8 +144,8 @@ def paged_attention_key_ends(
     start = 0
     for i, (q_len, kv_len) in enumerate(zip(query_lens, seq_lens_host)):
         pages = block_tables[i, : (kv_len + page_size - 1) // page_size]
-        k = k_cache.index_select(0, pages).view(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)[None]
-        v = v_cache.index_select(0, pages).view(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)[None]
+        k = k_cache.index_select(0, pages).reshape(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)[None]
+        v = v_cache.index_select(0, pages).reshape(-1, num_kv_heads, head_dim)[:kv_len].transpose(0, 1)[None]
         qi = q[start : start + q_len].transpose(0, 1).to(k.dtype)[None]  # [1, Hq, q_len, D]
         kv_pos = torch.arange(kv_len, device=q.device)
         mask = kv_pos[None, :] < key_ends[start : start + q_len, None]  # [q_len, kv_len]
