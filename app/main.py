@@ -1,9 +1,11 @@
-"""`tandem`: opens the chat window and loads the starter model (fetching it first, with progress, if absent).
+"""`tandem`: opens the chat window with the model used last, or the starter (fetched first, with progress).
 
-    tandem [--model PATH] [--prompt TEXT] [-v]
+    tandem [--model PATH|starter|demo] [--prompt TEXT [--image PATH ...] [--quit-after-answer]] [-v]
 
 The window runs on a qasync loop (asyncio on Qt's event loop); the model loads on a worker thread and
 answers are generated on the engine's own thread, so the window stays responsive throughout.
+`--quit-after-answer` prints the answer to `--prompt` on stdout and exits: packaging/check.sh drives the
+bundled app that way.
 """
 
 from __future__ import annotations
@@ -11,11 +13,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
+
+APP_ID = "io.github.tandem.Tandem"  # the .desktop file's name and the AppStream id (packaging/linux)
+MODEL_NAMES = ("starter", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,10 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--model",
         metavar="PATH",
-        help="a Hugging Face model folder or a .gguf file to load instead of the starter model",
+        help="a Hugging Face model folder or a .gguf file to load instead of the model used last; "
+        "'starter' for the starter model, 'demo' for the bundled demo vision model",
     )
     parser.add_argument(
         "--prompt", metavar="TEXT", help="send TEXT in the current chat as soon as the model has loaded"
+    )
+    parser.add_argument(
+        "--image", metavar="PATH", action="append", default=[], help="attach an image to --prompt (repeatable)"
+    )
+    parser.add_argument(
+        "--quit-after-answer",
+        action="store_true",
+        help="print the answer to --prompt on stdout and quit (exit status 1 when it fails)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more (to stderr)")
     return parser
@@ -38,10 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the app until its window closes; returns the exit status."""
+    args_list = sys.argv[1:] if argv is None else argv
+    if args_list[:2] == ["-m", "pip"] and getattr(sys, "frozen", False):
+        return _bundled_pip(args_list[2:])
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.model is not None and not Path(args.model).expanduser().exists():
-        parser.error(f"--model {args.model}: no such file or folder (give a model folder or a .gguf file)")
+    args = parser.parse_args(args_list)
+    _check_args(parser, args)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -51,14 +69,19 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     import qasync
+    from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication, QMessageBox
 
     from app.service import EngineService
     from app.store import Store, StoreError
+    from app.ui.first_run import ModelStartup
     from app.ui.main_window import MainWindow
+    from app.ui.tasks import spawn
 
     app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "tandem"])
     app.setApplicationName("Tandem")
+    app.setDesktopFileName(APP_ID)  # Wayland matches the window to the .desktop file (and its icon) by this
+    _set_icon(app)
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     try:
@@ -70,19 +93,103 @@ def main(argv: list[str] | None = None) -> int:
         service = EngineService()
         window = MainWindow(store, service)
         window.show()
-        if args.model is not None:
-            service.load_model(Path(args.model).expanduser())
-        else:
-            service.fetch_and_load_starter()
-        if args.prompt:
+        QTimer.singleShot(0, lambda: log.info("window shown"))  # the first turn of the loop after show()
+        startup = ModelStartup(window, store, service)
+        startup.start(args.model)
+        outcome: dict[str, Any] = {}
+        if args.image or args.quit_after_answer:
+            QTimer.singleShot(0, lambda: spawn(_answer_once(window, startup, args, outcome), name="answer-once"))
+        elif args.prompt:
             window.send_prompt(args.prompt)
         status = loop.run_forever()
         loop.run_until_complete(service.close())
         store.close()
+        if "error" in outcome:
+            print(f"tandem: {outcome['error']}", file=sys.stderr)
+            return 1
         return int(status) if isinstance(status, int) and status >= 0 else 0
     finally:
         asyncio.set_event_loop(None)
         loop.close()
+
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.model == "demo" and not _demo_available():
+        parser.error("--model demo: this installation has no demo vision model (assets/demo-vision is missing)")
+    if args.model not in (None, *MODEL_NAMES) and not Path(args.model).expanduser().exists():
+        parser.error(f"--model {args.model}: no such file or folder (give a model folder or a .gguf file)")
+    if (args.image or args.quit_after_answer) and not args.prompt:
+        parser.error("--image and --quit-after-answer need --prompt TEXT (the message to send)")
+    for image in args.image:
+        if not Path(image).expanduser().is_file():
+            parser.error(f"--image {image}: no such file")
+
+
+def _demo_available() -> bool:
+    from app.service.catalog import demo_vision_available
+
+    return demo_vision_available()
+
+
+async def _answer_once(window: Any, startup: Any, args: argparse.Namespace, outcome: dict[str, Any]) -> None:
+    """Send --prompt (with --image files) once the model is loaded; with --quit-after-answer print the
+    answer and quit. A failure goes into `outcome["error"]` (and quits) in that mode."""
+    from PySide6.QtWidgets import QApplication
+
+    service = window.service
+    try:
+        if not await service.wait_loaded():
+            raise RuntimeError(startup.last_error or "the model did not load")
+        tab = window.current_tab() or window.new_chat()
+        if args.image:
+            await tab.attach_files([str(Path(p).expanduser()) for p in args.image])
+            if len(tab.strip.attachments()) != len(args.image):
+                raise RuntimeError(tab.notice_text() or "an image could not be attached")
+        if not args.quit_after_answer:
+            window.send_prompt(args.prompt)
+            return
+        finished = asyncio.get_running_loop().create_future()
+        tab.generation_finished.connect(lambda _id: finished.done() or finished.set_result(None))
+        window.send_prompt(args.prompt)
+        if not tab.is_streaming:
+            raise RuntimeError(tab.notice_text() or "the prompt was not sent")
+        await finished
+        answer = next(m for m in reversed(window.store.messages(tab.chat_id)) if m.role == "assistant")
+        if "error" in (answer.stats or {}):
+            raise RuntimeError(f"the answer failed: {answer.stats['error']}")
+        log.info("answer received")
+        print(answer.text, flush=True)
+    except Exception as e:
+        if not args.quit_after_answer:
+            window.show_error(f"Could not send the prompt from the command line: {e}")
+            return
+        outcome["error"] = str(e)
+    if args.quit_after_answer:
+        window.close()
+        QApplication.quit()
+
+
+def _set_icon(app: Any) -> None:
+    from PySide6.QtGui import QIcon
+
+    from app.resources import icon_paths
+
+    icon = QIcon()
+    for path in icon_paths():
+        icon.addFile(str(path))
+    if icon.isNull():
+        log.info("no icon PNGs in the assets folder; the window keeps the platform's default icon")
+        return
+    app.setWindowIcon(icon)  # every window of the app, the main one included
+
+
+def _bundled_pip(args: list[str]) -> int:
+    """`tandem -m pip ...` in the frozen bundle: the starter fetch runs `sys.executable -m pip download`
+    (engine/loading/starter.py), and a bundle's executable is this app, so it answers as pip would."""
+    from pip._internal.cli.main import main as pip_main
+
+    os.environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")  # the bundled pip is not upgraded by itself
+    return int(pip_main(args) or 0)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from app.resources import asset_path
 from engine.errors import CorruptFileError, MissingFileError, ModelLoadError
 from engine.models.registry import vision_architectures
 
@@ -42,12 +43,11 @@ def model_display_name(path: str | Path) -> str:
 
 
 def demo_vision_path() -> Path:
-    """Where the demo vision model bundled with Tandem lives: `assets/demo-vision` beside the app package.
+    """Where the demo vision model bundled with Tandem lives: `assets/demo-vision` (see app.resources).
 
     The folder may be absent (a checkout where it was not trained yet); `demo_vision_available()` says.
     """
-    # assets/ sits at the repository (or bundle) root, next to the app package.
-    return Path(__file__).resolve().parents[2] / "assets" / "demo-vision"
+    return asset_path("demo-vision")
 
 
 def demo_vision_available() -> bool:

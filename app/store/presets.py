@@ -8,12 +8,12 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from app.resources import asset_path
 from app.store.db import Database, dict_json
 from app.store.errors import NotFoundError, StoreError
 from app.store.records import Preset
 
-# assets/ sits at the repository (or bundle) root, next to the app package.
-BUILTIN_PRESETS_PATH = Path(__file__).resolve().parents[2] / "assets" / "presets.json"
+BUILTIN_PRESETS_PATH = asset_path("presets.json")  # from a checkout or the frozen bundle (app.resources)
 
 # Keys a settings dict may hold besides SamplerSettings fields (the job's, not the sampler's).
 JOB_KEYS = ("seed", "max_new_tokens")

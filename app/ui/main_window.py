@@ -28,9 +28,11 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QSplitter,
     QTabWidget,
+    QVBoxLayout,
     QWidget,
 )
 
+from app.resources import asset_path
 from app.ui.chat_tab import DEFAULT_TITLE, ChatTab
 from app.ui.sampler_panel import SamplerPanel
 from app.ui.sidebar import Sidebar
@@ -38,7 +40,7 @@ from app.ui.tasks import spawn
 
 log = logging.getLogger(__name__)
 
-STYLE_PATH = Path(__file__).resolve().parents[2] / "assets" / "style.qss"
+STYLE_PATH = asset_path("style.qss")  # from a checkout or the frozen bundle (app.resources)
 _TAB_TITLE_LENGTH = 24
 # Store settings this window keeps between runs.
 OPEN_TABS_KEY = "ui.open_tabs"
@@ -81,7 +83,11 @@ class MainWindow(QMainWindow):
             self.splitter.addWidget(widget)
             self.splitter.setStretchFactor(self.splitter.count() - 1, stretch)
         self.splitter.setSizes([230, 700, 300])
-        self.setCentralWidget(self.splitter)
+        central = QWidget()  # banners (add_banner) above the splitter
+        column = QVBoxLayout(central)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.addWidget(self.splitter, 1)
+        self.setCentralWidget(central)
 
         self.model_label = QLabel("No model")
         self.model_label.setObjectName("modelLabel")
@@ -361,6 +367,10 @@ class MainWindow(QMainWindow):
         self.load_progress.setVisible(False)
         self.model_label.setText(f"Model: {self.service.model_name}" if self.service.is_loaded else "No model")
         self.show_error(message)
+
+    def add_banner(self, banner: QWidget) -> None:
+        """Put a notice (app/ui/first_run.py) above the chats; it shows and hides itself."""
+        self.centralWidget().layout().insertWidget(0, banner)
 
     def show_error(self, message: str) -> None:
         """Show an error in the status bar until the next one (the window keeps working)."""
