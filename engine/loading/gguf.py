@@ -21,7 +21,7 @@ import torch
 from engine.config import ModelConfig
 from engine.errors import CorruptFileError, ModelLoadError, TensorMismatchError, UnsupportedArchitectureError
 from engine.loading.gguf_file import GGUFFile
-from engine.models.linear import QuantizedWeight
+from engine.models.linear import QuantizedWeight, SplitWeight
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +59,15 @@ def load_gguf(
     device: str | torch.device = "cpu",
     progress: Callable[[float], None] | None = None,
     quantized: str | None = None,
-) -> tuple[ModelConfig, dict[str, torch.Tensor | QuantizedWeight]]:
+) -> tuple[ModelConfig, dict[str, torch.Tensor | QuantizedWeight | SplitWeight]]:
     """Read a llama / qwen2 / qwen3 GGUF file into `(config, state_dict)`.
 
     The state dict uses Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...) and the
     Hugging Face layout (llama.cpp's q/k row order undone); every tensor is `dtype` on `device`, except
     `rope_freq_factors` (llama3-style rope, present only if the file has `rope_freqs.weight`), which
     stays float32. `progress(fraction)` is called as tensors load. `quantized="int4"` keeps Q4_0 / Q4_1
-    attention and MLP projection weights 4-bit (`QuantizedWeight`, same Hugging Face row order); None
-    dequantizes everything.
+    attention and MLP projection weights 4-bit (`QuantizedWeight`, same Hugging Face row order) and Q8_0
+    ones, and a Q8_0 output head (tied or not), as two 4-bit planes (`SplitWeight`); None dequantizes everything.
 
     Raises MissingFileError, CorruptFileError, UnsupportedArchitectureError, TensorMismatchError, or
     ModelLoadError for a tensor type that cannot be dequantized; nothing is returned half-loaded.
@@ -88,17 +88,25 @@ def load_gguf(
     total_bytes = sum(int(t.n_bytes) for _, t in selected) or 1
     done_bytes = 0
     report(0.0)
-    state_dict: dict[str, torch.Tensor | QuantizedWeight] = {}
+    state_dict: dict[str, torch.Tensor | QuantizedWeight | SplitWeight] = {}
     for hf_name, t in selected:
-        keep_int4 = quantized == "int4" and hf_name.endswith("_proj.weight") and t.tensor_type.name in _INT4_TYPES
+        packs = quantized == "int4" and (hf_name.endswith("_proj.weight") or hf_name == "lm_head.weight")
         try:
-            values = _int4_weight(t, dtype) if keep_int4 else _dequantize(t, gguf)
+            if packs and t.tensor_type.name in _INT4_TYPES:
+                values = _int4_weight(t, dtype)
+            elif packs and t.tensor_type.name in _INT8_TYPES:
+                values = _int8_weight(t, dtype)
+            else:
+                values = _dequantize(t, gguf)
+            if quantized == "int4" and hf_name == EMBEDDINGS and config.tie_word_embeddings:
+                if t.tensor_type.name in _INT8_TYPES:  # the tied head gets a packed copy; lookups keep floats
+                    state_dict["lm_head.weight"] = _int8_weight(t, dtype).map_rows(lambda rows: rows.to(device))
         except (ValueError, IndexError, TypeError, AssertionError, RuntimeError) as e:
             raise CorruptFileError(
                 f"{path}: tensor {t.name} ({t.tensor_type.name}) could not be decoded "
                 f"({type(e).__name__}: {e}). The file may be damaged; download it again."
             ) from None
-        if isinstance(values, QuantizedWeight):
+        if isinstance(values, (QuantizedWeight, SplitWeight)):
             values = values.map_rows(lambda rows: rows.to(device))
             if config.architecture == ARCHITECTURES["llama"]:
                 values = values.map_rows(lambda rows, name=hf_name: _unpermute_llama_qk(name, rows, config))
@@ -388,6 +396,19 @@ def _int4_weight(t: Any, dtype: torch.dtype) -> QuantizedWeight:
     else:
         zeros = torch.zeros_like(d)
     return QuantizedWeight(values, d, zeros, group_size=32, dtype=dtype)
+
+
+_INT8_TYPES = ("Q8_0",)
+EMBEDDINGS = "model.embed_tokens.weight"
+
+
+def _int8_weight(t: Any, dtype: torch.dtype) -> SplitWeight:
+    """A Q8_0 tensor as two 4-bit planes (`SplitWeight`): ggml's block is f16 d and 32 int8 q, value d * q."""
+    num_rows, num_cols = (int(d) for d in reversed(t.shape.tolist()))
+    blocks = torch.from_numpy(np.array(t.data, dtype=np.uint8)).reshape(num_rows, num_cols // 32, 2 + 32)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()  # [N, K / 32]
+    q = blocks[..., 2:].contiguous().view(torch.int8).reshape(num_rows, num_cols)
+    return SplitWeight.from_int8(q, d, group_size=32, dtype=dtype)
 
 
 def _unpermute_llama_qk(hf_name: str, values: torch.Tensor, config: ModelConfig) -> torch.Tensor:

@@ -13,7 +13,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.errors import TensorMismatchError
 from engine.models.batch import Batch
-from engine.models.linear import Linear, QuantizedWeight
+from engine.models.linear import Linear, QuantizedWeight, SplitWeight
 
 log = logging.getLogger(__name__)
 
@@ -82,19 +82,20 @@ class Model(nn.Module):
         """The checkpoint tensors that make up parameter `name`, concatenated on dim 0. Identity by default."""
         return (name,)
 
-    def load_tensors(self, tensors: dict[str, torch.Tensor | QuantizedWeight]) -> None:
+    def load_tensors(self, tensors: dict[str, torch.Tensor | QuantizedWeight | SplitWeight]) -> None:
         """Fill this (meta-device) model from checkpoint-named tensors, checking every name and shape.
 
-        A `QuantizedWeight` (4-bit GGUF blocks) is packed into its `Linear` when every part of the parameter
-        is one with the same group size; anywhere else it is dequantized to a float weight.
+        A `QuantizedWeight` (4-bit GGUF blocks) or `SplitWeight` (8-bit ones) is packed into its `Linear` when
+        every part of the parameter is one with the same group size; anywhere else it is dequantized to a float
+        weight. A packed "lm_head.weight" beside tied embeddings gives the head its own packed copy.
         """
         state: dict[str, torch.Tensor] = {}
-        quantized: dict[str, QuantizedWeight] = {}
+        quantized: dict[str, QuantizedWeight | SplitWeight] = {}
         for name, param in self.named_parameters(remove_duplicate=False):
             if name in state or name in quantized:
                 continue
-            if name == "lm_head.weight" and self.config.tie_word_embeddings:
-                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings and name not in tensors:
+                continue  # tied: the head reads the embedding matrix (unless the loader gave it its own form)
             parts = []
             for src in self.checkpoint_names(name):
                 if src not in tensors:
@@ -109,15 +110,15 @@ class Model(nn.Module):
                     f"tensor {' + '.join(self.checkpoint_names(name))} has shape {tuple(value.shape)} but the "
                     f"config implies {tuple(param.shape)}. config.json and the weights do not belong together."
                 )
-            if isinstance(value, QuantizedWeight):
+            if isinstance(value, (QuantizedWeight, SplitWeight)):
                 quantized[name] = value
             else:
                 state[name] = value
         self.load_state_dict(state, strict=False, assign=True)
         for name, value in quantized.items():
             module = self.get_submodule(name.rsplit(".", 1)[0])
-            module.load_quantized(value, device=value.values.device)
-        if self.config.tie_word_embeddings:
+            module.load_quantized(value, device=value.device)
+        if self.config.tie_word_embeddings and "lm_head.weight" not in quantized:
             self.tie_weights()
         missing = [n for n, p in self.named_parameters() if p.is_meta]
         if missing:
@@ -132,12 +133,14 @@ class Model(nn.Module):
 
 def _combine(parts: list[torch.Tensor | QuantizedWeight], module: nn.Module) -> torch.Tensor | QuantizedWeight:
     """Concatenate checkpoint tensors on dim 0, keeping them 4-bit only where `module` can hold that."""
+    kinds = {type(p) for p in parts}
     keep_quantized = (
         isinstance(module, Linear)
-        and all(isinstance(p, QuantizedWeight) for p in parts)
+        and len(kinds) == 1
+        and kinds <= {QuantizedWeight, SplitWeight}
         and len({(p.group_size, p.shape[1]) for p in parts}) == 1
     )
     if keep_quantized:
-        return parts[0] if len(parts) == 1 else QuantizedWeight.cat(parts)
-    parts = [p.dequantize() if isinstance(p, QuantizedWeight) else p for p in parts]
+        return parts[0] if len(parts) == 1 else parts[0].cat(parts)
+    parts = [p.dequantize() if isinstance(p, (QuantizedWeight, SplitWeight)) else p for p in parts]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)

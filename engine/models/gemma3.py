@@ -236,7 +236,7 @@ class Gemma3ForCausalLM(Model):
             settings = Gemma3TextSettings.from_hf_dict(config.extra, config.num_hidden_layers)
         self.settings = settings
         self.model = _Body(config, settings)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rope = _rotary(config, settings.global_rope)
         self.local_rope = _rotary(config, settings.local_rope)
 

@@ -2,6 +2,8 @@
 
 Decode on a CPU is memory-bandwidth bound, so reading half a byte per weight instead of two is most of the
 speed there. The 4-bit form comes straight from a GGUF file's Q4_0 / Q4_1 blocks (see `QuantizedWeight`).
+An 8-bit Q8_0 weight becomes two 4-bit planes whose sum is exactly its value (see `SplitWeight`): one byte
+per weight read through the same int4 kernel instead of two bytes of a dequantized bfloat16 matrix.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ class QuantizedWeight:
     def shape(self) -> tuple[int, int]:
         return (self.values.shape[0], self.values.shape[1])
 
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
     def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> QuantizedWeight:
         """The same weight with `fn` (a reordering of dim 0) applied to the values, scales and zeros alike."""
         return QuantizedWeight(fn(self.values), fn(self.scales), fn(self.zeros), self.group_size, self.dtype)
@@ -59,6 +65,67 @@ class QuantizedWeight:
         return ops.can_pack_int4(self.shape[0], self.shape[1], self.group_size)
 
 
+@dataclass
+class SplitWeight:
+    """An 8-bit weight q * d (q in -128..127, d per group) as the sum of two 4-bit `QuantizedWeight` planes.
+
+    Write q = 16 * hi + lo with lo = q mod 16 (0..15) and hi in -8..7. In the 4-bit formula (v - 8) * scale + zero,
+    the high plane is v = hi + 8, scale 16d, zero 0 (giving 16d * hi) and the low plane v = lo, scale d, zero 8d
+    (giving d * lo); each runs through the int4 kernel and their sum is q * d, with no rounding of q.
+    """
+
+    high: QuantizedWeight
+    low: QuantizedWeight
+
+    @staticmethod
+    def from_int8(values: torch.Tensor, scales: torch.Tensor, group_size: int, dtype: torch.dtype) -> SplitWeight:
+        """From int8 values [N, K] and float32 scales [N, K / group_size]."""
+        q = values.to(torch.int16)
+        low = torch.remainder(q, 16)
+        high = torch.div(q - low, 16, rounding_mode="floor") + 8
+        zeros = torch.zeros_like(scales)
+        return SplitWeight(
+            QuantizedWeight(high.to(torch.uint8), scales * 16.0, zeros, group_size, dtype),
+            QuantizedWeight(low.to(torch.uint8), scales.clone(), scales * 8.0, group_size, dtype),
+        )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.high.shape
+
+    @property
+    def group_size(self) -> int:
+        return self.high.group_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.high.values.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.high.dtype
+
+    def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> SplitWeight:
+        return SplitWeight(self.high.map_rows(fn), self.low.map_rows(fn))
+
+    @staticmethod
+    def cat(parts: Sequence[SplitWeight]) -> SplitWeight:
+        return SplitWeight(QuantizedWeight.cat([p.high for p in parts]), QuantizedWeight.cat([p.low for p in parts]))
+
+    def dequantize(self) -> torch.Tensor:
+        """The float weight [N, K] in `dtype`, summed in float32 before the one rounding."""
+        high, low = self.high, self.low
+        g = self.group_size
+
+        def plane(w: QuantizedWeight) -> torch.Tensor:
+            return (w.values.float() - 8.0) * w.scales.repeat_interleave(g, 1) + w.zeros.repeat_interleave(g, 1)
+
+        return (plane(high) + plane(low)).to(self.dtype)
+
+    def is_packable(self) -> bool:
+        return self.high.is_packable()
+
+
 class Linear(nn.Module):
     """`nn.Linear` (same parameter names and forward) that can swap its weight for a packed 4-bit one.
 
@@ -74,27 +141,39 @@ class Linear(nn.Module):
         self.group_size = 0  # 0 while the weight is float
         self.register_buffer("packed", None)  # filled by `load_quantized`
         self.register_buffer("scales_and_zeros", None)
+        self.register_buffer("packed_low", None)  # the second plane of a `SplitWeight`
+        self.register_buffer("scales_and_zeros_low", None)
 
     @property
     def is_quantized(self) -> bool:
         return self.packed is not None
 
-    def load_quantized(self, weight: QuantizedWeight, device: torch.device | str) -> None:
+    def load_quantized(self, weight: QuantizedWeight | SplitWeight, device: torch.device | str) -> None:
         """Take `weight` packed if the int4 kernels can hold its shape, else dequantized to a float weight."""
         if not weight.is_packable():
             self.weight = nn.Parameter(weight.dequantize().to(device), requires_grad=False)
             return
         del self.weight
-        scales_and_zeros = torch.stack((weight.scales.t(), weight.zeros.t()), dim=-1)  # [K / g, N, 2]
-        self.register_buffer("packed", ops.pack_int4(weight.values).to(device))
-        self.register_buffer("scales_and_zeros", scales_and_zeros.to(device=device, dtype=weight.dtype).contiguous())
+        planes = (weight.high, weight.low) if isinstance(weight, SplitWeight) else (weight,)
+        for i, plane in enumerate(planes):
+            suffix = "" if i == 0 else "_low"
+            scales_and_zeros = torch.stack((plane.scales.t(), plane.zeros.t()), dim=-1)  # [K / g, N, 2]
+            self.register_buffer(f"packed{suffix}", ops.pack_int4(plane.values).to(device))
+            self.register_buffer(
+                f"scales_and_zeros{suffix}", scales_and_zeros.to(device=device, dtype=plane.dtype).contiguous()
+            )
         self.group_size = weight.group_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
-        return ops.linear_int4(x, self.packed, self.scales_and_zeros, self.group_size, self.bias)
+        out = ops.linear_int4(x, self.packed, self.scales_and_zeros, self.group_size, self.bias)
+        if self.packed_low is not None:
+            out = out + ops.linear_int4(x, self.packed_low, self.scales_and_zeros_low, self.group_size)
+        return out
 
     def extra_repr(self) -> str:
         kind = f"int4, group_size={self.group_size}" if self.is_quantized else "float"
+        if self.packed_low is not None:
+            kind = f"int8 as two int4 planes, group_size={self.group_size}"
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, {kind}"

@@ -9,6 +9,7 @@ from engine.config import ModelConfig
 from engine.models.base import Model
 from engine.models.batch import Batch
 from engine.models.layers import Attention, GatedMLP, RMSNorm
+from engine.models.linear import Linear
 from engine.models.rope import RotaryTable, inverse_frequencies
 
 # Our fused parameters and the checkpoint tensors they concatenate (on the output dimension).
@@ -58,7 +59,7 @@ class LlamaForCausalLM(Model):
     def __init__(self, config: ModelConfig, rope_freq_factors: torch.Tensor | None = None):
         super().__init__(config)
         self.model = _Body(config, *self.projection_biases(config))
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rope = RotaryTable(inverse_frequencies(config, rope_freq_factors))
 
     @staticmethod

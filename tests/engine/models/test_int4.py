@@ -1,4 +1,7 @@
-"""GGUF Q4_0 / Q4_1 weights kept packed 4-bit: same logits and greedy tokens as the dequantized model."""
+"""GGUF Q4_0 / Q4_1 weights kept packed 4-bit, and Q8_0 weights (projections and the output head, tied or not)
+as two 4-bit planes: same logits and greedy tokens as the dequantized model.
+
+Int8 values tried for the split: the extremes -128 and 127, -1, 0, 15, 16, -16 and random ones."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import torch
 
 from engine.cache import Cache
 from engine.models import Batch, Model
-from engine.models.linear import Linear, QuantizedWeight
+from engine.models.linear import Linear, QuantizedWeight, SplitWeight
 from kernels import dispatch
 from kernels.torch_ref import quant
 
@@ -45,7 +48,7 @@ def _greedy(model: Model, ids: list[int], steps: int) -> list[int]:
 
 
 def _projections(model: Model) -> list[Linear]:
-    return [m for m in model.modules() if isinstance(m, Linear)]
+    return [m for name, m in model.named_modules() if isinstance(m, Linear) and name != "lm_head"]
 
 
 def _write(tmp_path: Path, architecture: str, qtype: str) -> Path:
@@ -106,11 +109,51 @@ def test_misspelled_quantized_option_is_an_error(tmp_path):
         Model.load(path, dtype=torch.float32, quantized="int8")
 
 
-def test_non_int4_tensors_stay_float(tmp_path):
-    # Q8_0 projections (as some Q4 files hold for a few layers) are dequantized even when int4 is asked for
-    path = _write(tmp_path, "LlamaForCausalLM", "Q8_0")
-    model = Model.load(path, dtype=torch.float32, quantized="int4")
-    assert not any(m.is_quantized for m in _projections(model))
+def test_q8_0_projections_and_tied_head_pack_as_two_planes(tmp_path):
+    from engine.loading.gguf import load_gguf
+
+    model = kit.tiny_model("LlamaForCausalLM", tie_word_embeddings=True, **TINY)
+    path = kit.write_gguf(tmp_path / "tied.gguf", model, "Q8_0").path
+    config, tensors = load_gguf(path, dtype=torch.float32, quantized="int4")
+    assert config.tie_word_embeddings and isinstance(tensors["lm_head.weight"], SplitWeight)
+    reference = Model.load(path, dtype=torch.float32, quantized=None)
+    packed = Model.load(path, dtype=torch.float32, quantized="int4")
+    assert all(m.is_quantized and m.packed_low is not None for m in _projections(packed))
+    # the tiny vocabulary (40 rows) is no multiple of 16, so this head falls back to floats; the starter's packs
+    assert packed.model.embed_tokens.weight.dtype == torch.float32  # lookups still read floats
+    torch.testing.assert_close(_logits(packed, PROMPT), _logits(reference, PROMPT), rtol=1e-5, atol=1e-4)
+    assert _greedy(packed, PROMPT, 6) == _greedy(reference, PROMPT, 6)
+
+
+def test_an_untied_q8_0_head_packs_too(tmp_path):
+    from engine.loading.gguf import load_gguf
+
+    model = kit.tiny_model("LlamaForCausalLM", tie_word_embeddings=False, **TINY)
+    path = kit.write_gguf(tmp_path / "untied.gguf", model, "Q8_0").path
+    config, tensors = load_gguf(path, dtype=torch.float32, quantized="int4")
+    assert not config.tie_word_embeddings and isinstance(tensors["lm_head.weight"], SplitWeight)
+    packed = Model.load(path, dtype=torch.float32, quantized="int4")
+    reference = Model.load(path, dtype=torch.float32, quantized=None)
+    torch.testing.assert_close(_logits(packed, PROMPT), _logits(reference, PROMPT), rtol=1e-5, atol=1e-4)
+
+
+def test_the_two_planes_sum_exactly_to_the_int8_weight():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(-128, 128, (32, 64), generator=g, dtype=torch.int8)
+    q[0, :8] = torch.tensor([-128, 127, -1, 0, 15, 16, -16, 1], dtype=torch.int8)
+    scales = torch.rand(32, 2, generator=g) + 0.01
+    split = SplitWeight.from_int8(q, scales, 32, torch.float32)
+    assert split.high.values.max() <= 15 and split.low.values.max() <= 15
+    high, low = split.high.values.long() - 8, split.low.values.long() - 8
+    assert torch.equal(16 * high + low + 8, q.long())  # the integers split exactly
+    assert torch.equal(split.high.scales, 16 * scales) and torch.equal(split.low.zeros, 8 * scales)
+    assert torch.equal(split.high.zeros, torch.zeros_like(scales)) and torch.equal(split.low.scales, scales)
+    exact = q.float() * scales.repeat_interleave(32, 1)
+    torch.testing.assert_close(split.dequantize(), exact, rtol=1e-6, atol=1e-5)
+    module = Linear(64, 32, bias=False)
+    module.load_quantized(split, device="cpu")
+    x = torch.randn(5, 64, generator=g)
+    torch.testing.assert_close(module(x), x @ exact.t(), rtol=1e-5, atol=1e-4)
 
 
 def test_shape_the_kernel_cannot_hold_falls_back_to_float():
@@ -128,6 +171,7 @@ def test_starter_packed_matches_dequantized(starter_gguf):
     reference = Model.load(starter_gguf, dtype=torch.float32, quantized=None)
     packed = Model.load(starter_gguf, dtype=torch.float32, quantized="int4")
     assert all(m.is_quantized for m in _projections(packed))
+    assert packed.lm_head.packed_low is not None  # its tied Q8_0 embeddings, as two planes
     prompt = [1, 504, 3458, 314, 260, 1142, 282, 4763, 30, 198]
     torch.testing.assert_close(_logits(packed, prompt), _logits(reference, prompt), rtol=1e-4, atol=1e-3)
     assert _greedy(packed, prompt, 4) == _greedy(reference, prompt, 4)
