@@ -118,7 +118,7 @@ class Model(nn.Module):
         for name, value in quantized.items():
             module = self.get_submodule(name.rsplit(".", 1)[0])
             module.load_quantized(value, device=value.device)
-        if self.config.tie_word_embeddings and "lm_head.weight" not in quantized:
+        if self.config.tie_word_embeddings:
             self.tie_weights()
         missing = [n for n, p in self.named_parameters() if p.is_meta]
         if missing:

@@ -195,3 +195,20 @@ def test_mixed_quant_types_in_one_fused_projection_fall_back_to_float(tmp_path):
     assert model.model.layers[1].self_attn.qkv_proj.is_quantized and model.model.layers[0].mlp.down_proj.is_quantized
     reference = Model.load(path, dtype=torch.float32, quantized=None)
     torch.testing.assert_close(_logits(model, PROMPT), _logits(reference, PROMPT), rtol=1e-5, atol=1e-4)
+
+
+def test_a_packed_tied_head_uses_the_embeddings_for_many_rows(starter_gguf):
+    from engine.models.linear import FLOAT_FROM_ROWS
+
+    model = Model.load(starter_gguf, dtype=torch.bfloat16)
+    head, embeddings = model.lm_head, model.model.embed_tokens.weight
+    assert head.packed_low is not None and head.float_weight is embeddings  # shared, not a copy
+    g = torch.Generator().manual_seed(0)
+    few = torch.randn(FLOAT_FROM_ROWS - 1, 576, generator=g).bfloat16()
+    many = torch.randn(FLOAT_FROM_ROWS, 576, generator=g).bfloat16()
+    assert torch.equal(head(many), torch.nn.functional.linear(many, embeddings))
+    planes = quant.linear_int4_cpu(few, head.packed, head.scales_and_zeros, 32)
+    planes = planes + quant.linear_int4_cpu(few, head.packed_low, head.scales_and_zeros_low, 32)
+    assert torch.equal(head(few), planes)
+    exact = torch.nn.functional.linear(few.float(), embeddings.float())
+    torch.testing.assert_close(head(few).float(), exact, rtol=0.02, atol=0.15)  # two bf16 roundings of |x| ~ 16
