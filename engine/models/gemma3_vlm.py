@@ -17,45 +17,29 @@ token ids to the forward in `batch.token_ids`, from which the image rows and the
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 from typing import Any
 
 import torch
+from PIL import Image
 
 from engine.config import ModelConfig
-from engine.errors import ModelLoadError, UnsupportedArchitectureError
-from engine.models.base import Model
+from engine.errors import UnsupportedArchitectureError
 from engine.models.batch import Batch
-from engine.models.gemma3 import Gemma3ForCausalLM, Gemma3TextSettings
+from engine.models.gemma3 import Gemma3TextSettings
 from engine.models.llava import LlavaVision
-from engine.models.rope import RotaryTable
-from engine.models.vision import load_checked
+from engine.models.vision import config_int
 from engine.models.vision.clip import VisionConfig
 from engine.models.vision.gemma3_projector import Gemma3Projector
 from engine.models.vision.siglip import SiglipVisionTower
+from engine.models.vlm import VisionLanguageModel
 from engine.vision.embedding import FIRST_MM_ID, MAX_TOKENS_PER_IMAGE, MMEmbedding
-
-log = logging.getLogger(__name__)
 
 # transformers' Gemma3Config defaults.
 _DEFAULT_MM_TOKENS = 256
 _DEFAULT_BOI_ID = 255_999
 _DEFAULT_EOI_ID = 256_000
 _DEFAULT_IMAGE_ID = 262_144
-
-# Checkpoint prefixes -> (our part, prefix inside that part): the original layout (which transformers 5's
-# save_pretrained writes back) and the transformers 4.5x one with everything under "model.".
-_CHECKPOINT_PARTS = (
-    ("language_model.model.", "language_model", "model."),
-    ("model.language_model.", "language_model", "model."),
-    ("language_model.lm_head.", "language_model", "lm_head."),
-    ("lm_head.", "language_model", "lm_head."),
-    ("vision_tower.", "vision_tower", ""),
-    ("model.vision_tower.", "vision_tower", ""),
-    ("multi_modal_projector.", "multi_modal_projector", ""),
-    ("model.multi_modal_projector.", "multi_modal_projector", ""),
-)
 
 
 class Gemma3ImageEmbedding(MMEmbedding):
@@ -67,7 +51,7 @@ class Gemma3ImageEmbedding(MMEmbedding):
         return f"\n\n{self.text_alias}\n\n"
 
 
-class Gemma3ForConditionalGeneration(Model):
+class Gemma3ForConditionalGeneration(VisionLanguageModel):
     """Gemma 3 with images over a paged KV cache (transformers' Gemma3ForConditionalGeneration).
 
     `forward(inputs, positions, batch)` is the text model's, with the image rows of `batch.token_ids`
@@ -76,19 +60,17 @@ class Gemma3ForConditionalGeneration(Model):
     """
 
     architectures = ("Gemma3ForConditionalGeneration",)
+    default_text_architecture = "Gemma3ForCausalLM"
+    text_architectures = ("Gemma3ForCausalLM",)
 
     def __init__(self, config: ModelConfig):
         super().__init__(config)
         extra = config.extra
-        if config.text_architecture != "Gemma3ForCausalLM":
-            raise UnsupportedArchitectureError(
-                f"config.json text_config describes {config.text_architecture!r}, but Gemma 3's language model is "
-                "gemma3_text; the config is not a Gemma 3 checkpoint's."
-            )
         settings = Gemma3TextSettings.from_hf_dict(extra.get("text_config") or {}, config.num_hidden_layers)
         # transformers soft-caps logits in Gemma3ForCausalLM only, not in this class: follow it.
-        text_config = replace(config, architecture="Gemma3ForCausalLM", text_architecture=None)
-        self.language_model = Gemma3ForCausalLM(text_config, replace(settings, final_logit_softcapping=None))
+        self.language_model = self.build_language_model(
+            config, settings=replace(settings, final_logit_softcapping=None)
+        )
 
         vision = extra.get("vision_config") or {}
         model_type = vision.get("model_type", SiglipVisionTower.model_type)
@@ -99,46 +81,16 @@ class Gemma3ForConditionalGeneration(Model):
             )
         vision_config = VisionConfig.from_hf_dict(vision, SiglipVisionTower.DEFAULTS)
         self.vision_tower = SiglipVisionTower(vision_config)
-        self.mm_tokens_per_image = _int(extra, "mm_tokens_per_image", _DEFAULT_MM_TOKENS)
+        self.mm_tokens_per_image = config_int(extra, "mm_tokens_per_image", _DEFAULT_MM_TOKENS)
         self.multi_modal_projector = Gemma3Projector(vision_config, config.hidden_size, self.mm_tokens_per_image)
         self.image_token_id = _DEFAULT_IMAGE_ID if config.image_token_id is None else config.image_token_id
-        self.boi_token_id = _int(extra, "boi_token_index", _int(extra, "boi_token_id", _DEFAULT_BOI_ID))
-        self.eoi_token_id = _int(extra, "eoi_token_index", _int(extra, "eoi_token_id", _DEFAULT_EOI_ID))
+        self.boi_token_id = config_int(extra, "boi_token_index", config_int(extra, "boi_token_id", _DEFAULT_BOI_ID))
+        self.eoi_token_id = config_int(extra, "eoi_token_index", config_int(extra, "eoi_token_id", _DEFAULT_EOI_ID))
         # Ids per image in a prompt: the image rows between <start_of_image> and <end_of_image>.
         self.tokens_per_image: int = self.mm_tokens_per_image + 2
         self.vision = Gemma3Vision(self)
 
-    @property
-    def vision_model(self) -> Gemma3Vision:
-        """exllamav2's name for `vision`."""
-        return self.vision
-
-    @property
-    def rope(self) -> RotaryTable:
-        return self.language_model.rope
-
-    # --- weights -------------------------------------------------------------------------------------
-
-    def load_tensors(self, tensors: dict[str, Any]) -> None:
-        """Split checkpoint tensors by part (either naming layout) and let each part load and check its own."""
-        parts: dict[str, dict[str, Any]] = {"language_model": {}, "vision_tower": {}, "multi_modal_projector": {}}
-        for name, value in tensors.items():
-            for prefix, part, inner in _CHECKPOINT_PARTS:
-                if name.startswith(prefix):
-                    parts[part][inner + name[len(prefix) :]] = value
-                    break
-        self.language_model.load_tensors(parts["language_model"])
-        self.vision_tower.load_tensors(parts["vision_tower"])
-        load_checked(self.multi_modal_projector, parts["multi_modal_projector"], "Gemma 3 projector")
-
-    def tie_weights(self) -> None:
-        self.language_model.tie_weights()
-
     # --- compute -------------------------------------------------------------------------------------
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Scaled text token embeddings [num_tokens, hidden] for vocabulary ids."""
-        return self.language_model.embed(input_ids)
 
     @torch.no_grad()
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -185,41 +137,17 @@ class Gemma3ForConditionalGeneration(Model):
 
 
 class Gemma3Vision(LlavaVision):
-    """The image side of a loaded Gemma 3: preprocessing from the folder's processor config, the chat
-    template's placeholder, and `get_image_embeddings` (exllamav2's call shape)."""
+    """The image side of a loaded Gemma 3: LLaVA's, with each picture's run framed by <start_of_image> and
+    <end_of_image> (`tokens_per_image` ids in all) and written between blank lines in a chat."""
 
     @property
     def image_placeholder(self) -> str | None:
         """The text Gemma 3's chat template writes for an image ("<start_of_image>"), or None without a
         usable tokenizer."""
-        try:
-            tokenizer = self.model.tokenizer
-        except (AttributeError, ModelLoadError):
-            return None
-        return tokenizer.id_to_piece(self.model.boi_token_id)
+        return self.piece(self.model.boi_token_id)
 
-    def get_image_embeddings(
-        self,
-        model: object | None = None,
-        tokenizer: object | None = None,
-        image: Any = None,
-        text_alias: str | None = None,
-    ) -> Gemma3ImageEmbedding:
-        """Embed one image (a PIL image, a path or encoded bytes) as its run of rows, <start_of_image> and
-        <end_of_image> included. `model` and `tokenizer` are accepted for exllamav2's call shape."""
-        if image is None:
-            raise ValueError("get_image_embeddings needs image= (a PIL image, a file path or image bytes)")
-        from engine.vision.image import image_content_hash, load_image
+    def embed_picture(self, picture: Image.Image, tokenizer: Any | None) -> torch.Tensor:
+        return self.model.image_rows(self.processor(picture))
 
-        picture = load_image(image)
-        rows = self.model.image_rows(self.processor(picture))
-        return Gemma3ImageEmbedding(rows, image_hash=image_content_hash(picture), text_alias=text_alias)
-
-
-def _int(d: dict[str, Any], key: str, default: int) -> int:
-    value = d.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ModelLoadError(f"config.json {key} must be an integer, got {value!r}")
-    return value
+    def wrap(self, rows: torch.Tensor, image_hash: str, height: int, width: int, text_alias: str | None):
+        return Gemma3ImageEmbedding(rows, image_hash=image_hash, text_alias=text_alias)

@@ -21,46 +21,30 @@ Idefics3's say "idefics3"); both are served by this class.
 from __future__ import annotations
 
 import json
-import logging
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 
 from engine.config import ModelConfig
-from engine.errors import ModelLoadError, UnsupportedArchitectureError
-from engine.models.base import Model
-from engine.models.batch import Batch
-from engine.models.rope import RotaryTable
-from engine.models.vision import config_value, load_checked
+from engine.errors import ModelLoadError
+from engine.models.vision import config_value
 from engine.models.vision.clip import VisionConfig
 from engine.models.vision.handle import VisionHandle
 from engine.models.vision.idefics3_connector import Idefics3Connector
 from engine.models.vision.idefics3_vision import Idefics3VisionTower
-from engine.vision.embedding import MMEmbedding
+from engine.models.vlm import VisionLanguageModel
 from engine.vision.idefics3_processor import FAKE_IMAGE_TOKEN, GLOBAL_IMAGE_TOKEN, image_prompt
-
-log = logging.getLogger(__name__)
 
 # transformers' Idefics3Config defaults.
 _DEFAULT_IMAGE_TOKEN_ID = 128257
 _DEFAULT_SCALE_FACTOR = 2
-# transformers builds an absent text_config as Llama with this norm epsilon (Llama's own default is 1e-6).
-_DEFAULT_TEXT_RMS_NORM_EPS = 1e-5
-
-# Checkpoint prefixes -> (our part, prefix inside that part). Every transformers version writes this layout.
-_CHECKPOINT_PARTS = (
-    ("model.text_model.", "language_model", "model."),
-    ("lm_head.", "language_model", "lm_head."),
-    ("model.vision_model.", "vision_tower", ""),
-    ("model.connector.", "connector", ""),
-)
 
 
-class Idefics3ForConditionalGeneration(Model):
-    """Idefics3 / SmolVLM over a paged KV cache. `forward(inputs, positions, batch)` is the text model's
-    (inputs may be embeddings with image rows spliced in); `encode_images` turns tiles into image rows.
+class Idefics3ForConditionalGeneration(VisionLanguageModel):
+    """Idefics3 / SmolVLM over a paged KV cache (see VisionLanguageModel); `encode_images` turns tiles into
+    image rows.
 
     Attributes: `image_token_id`, `scale_factor`, `tokens_per_image` (image rows per tile when tiles are the
     encoder's own image_size, transformers' `image_seq_len`; a picture cut into R x C tiles takes R*C+1 such
@@ -69,13 +53,18 @@ class Idefics3ForConditionalGeneration(Model):
     """
 
     architectures = ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration")
+    # Every transformers version writes this layout.
+    checkpoint_parts = (
+        ("model.text_model.", "language_model", "model."),
+        ("lm_head.", "language_model", "lm_head."),
+        ("model.vision_model.", "vision_tower", ""),
+        ("model.connector.", "connector", ""),
+    )
 
     def __init__(self, config: ModelConfig):
-        extra = config.extra
-        if extra.get("text_config") is None:
-            config = replace(config, rms_norm_eps=_DEFAULT_TEXT_RMS_NORM_EPS)
         super().__init__(config)
-        self.language_model = _language_model(config)
+        extra = config.extra
+        self.language_model = self.build_language_model(config)
         vision = extra.get("vision_config") or {}
         if not isinstance(vision, dict):
             raise ModelLoadError(f"config.json vision_config must be an object, got {type(vision).__name__}")
@@ -86,46 +75,14 @@ class Idefics3ForConditionalGeneration(Model):
             raise ModelLoadError(f"config.json scale_factor is {self.scale_factor}; it must be a positive integer.")
         self.connector = Idefics3Connector(vision_config.hidden_size, config.hidden_size, self.scale_factor)
         self.image_token_id: int = _DEFAULT_IMAGE_TOKEN_ID if config.image_token_id is None else config.image_token_id
-        grid = vision_config.image_size // vision_config.patch_size
-        self.tokens_per_image: int = grid * grid // self.scale_factor**2
+        self.patch_size: int = vision_config.patch_size
+        self.tokens_per_image: int = self.tokens_per_tile(vision_config.image_size)
         self.vision = Idefics3Vision(self)
 
-    @property
-    def vision_model(self) -> Idefics3Vision:
-        """exllamav2's name for `vision`."""
-        return self.vision
-
-    @property
-    def rope(self) -> RotaryTable:
-        return self.language_model.rope
-
-    # --- weights -------------------------------------------------------------------------------------
-
-    def load_tensors(self, tensors: dict[str, Any]) -> None:
-        """Split checkpoint tensors by part and let each part load and check its own."""
-        parts: dict[str, dict[str, Any]] = {"language_model": {}, "vision_tower": {}, "connector": {}}
-        ignored = 0
-        for name, value in tensors.items():
-            for prefix, part, inner in _CHECKPOINT_PARTS:
-                if name.startswith(prefix):
-                    parts[part][inner + name[len(prefix) :]] = value
-                    break
-            else:
-                ignored += 1
-        if ignored:
-            log.debug("ignored %d checkpoint tensors that belong to no Idefics3 part", ignored)
-        self.language_model.load_tensors(parts["language_model"])
-        self.vision_tower.load_tensors(parts["vision_tower"])
-        load_checked(self.connector, parts["connector"], "Idefics3 connector")
-
-    def tie_weights(self) -> None:
-        self.language_model.tie_weights()
-
-    # --- compute -------------------------------------------------------------------------------------
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Text token embeddings [num_tokens, hidden] for vocabulary ids."""
-        return self.language_model.embed(input_ids)
+    def tokens_per_tile(self, tile_size: int) -> int:
+        """Image rows of one square tile of `tile_size` pixels: its patches, pixel-shuffled."""
+        side = tile_size // self.patch_size
+        return side * side // self.scale_factor**2
 
     @torch.no_grad()
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -136,27 +93,16 @@ class Idefics3ForConditionalGeneration(Model):
             )
         return self.connector(self.vision_tower(pixel_values.to(self.device)))
 
-    def forward(self, inputs: torch.Tensor, positions: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return self.language_model(inputs, positions, batch)
-
 
 class Idefics3Vision(VisionHandle):
-    """The image side of a loaded Idefics3 / SmolVLM: tiling (from the folder's preprocessor_config.json) and
-    `get_image_embeddings`, shaped like exllamav2's vision model so code written for it runs."""
+    """The image side of a loaded Idefics3 / SmolVLM: tiling (from the folder's preprocessor_config.json),
+    `get_image_embeddings` (one MMEmbedding covering a picture's tiles and marker tokens) and
+    `count_image_tokens` (the length of that run, from the tile grid and the marker text's tokens)."""
 
     def read_processor(self, folder: Path):
         from engine.vision.idefics3_processor import Idefics3ImageProcessor
 
         return Idefics3ImageProcessor.from_folder(folder)
-
-    @property
-    def image_placeholder(self) -> str | None:
-        """The tokenizer's text for the image token ("<image>"), or None without a usable tokenizer."""
-        try:
-            tokenizer = self.model.tokenizer
-        except (AttributeError, ModelLoadError):
-            return None
-        return tokenizer.id_to_piece(self.model.image_token_id)
 
     def prompt_ids(self, tokenizer: Any, rows: int, cols: int, tokens_per_tile: int) -> torch.Tensor:
         """Token ids [num_tokens] of one picture's prompt text (markers and image tokens), see `image_prompt`."""
@@ -180,34 +126,18 @@ class Idefics3Vision(VisionHandle):
             )
         return ids
 
-    def get_image_embeddings(
-        self,
-        model: object | None = None,
-        tokenizer: object | None = None,
-        image: Any = None,
-        text_alias: str | None = None,
-    ) -> MMEmbedding:
-        """Embed one image (a PIL image, a path or encoded bytes) as an MMEmbedding whose rows cover its whole
-        prompt text (marker tokens and tiles).
-
-        `model` is accepted for exllamav2's call shape (this handle already belongs to its model);
-        `tokenizer` tokenizes the marker text, the model's own tokenizer when None.
-        """
-        if image is None:
-            raise ValueError("get_image_embeddings needs image= (a PIL image, a file path or image bytes)")
-        from engine.vision.image import image_content_hash, load_image
-
-        tokenizer = self.model.tokenizer if tokenizer is None else tokenizer
-        picture = load_image(image)
+    def embed_picture(self, picture: Image.Image, tokenizer: Any | None) -> torch.Tensor:
         split = self.processor(picture)
         features = self.model.encode_images(split.pixel_values)  # [num_tiles, tokens_per_tile, hidden]
         self._check_seq_len(features.shape[1])
-        ids = self.prompt_ids(tokenizer, split.rows, split.cols, features.shape[1]).to(self.model.device)
-        is_image = ids == self.model.image_token_id
-        with torch.no_grad():
-            rows = self.model.embed(torch.where(is_image, torch.zeros_like(ids), ids))  # [num_tokens, hidden]
-        rows[is_image] = features.reshape(-1, features.shape[-1]).to(rows.dtype)
-        return MMEmbedding(rows, image_hash=image_content_hash(picture), text_alias=text_alias)
+        tokenizer = self.model.tokenizer if tokenizer is None else tokenizer
+        return self.layout_rows(self.prompt_ids(tokenizer, split.rows, split.cols, features.shape[1]), features)
+
+    def num_image_tokens(self, height: int, width: int) -> int:
+        rows, cols = self.processor.tile_grid(height, width)
+        tokens_per_tile = self.model.tokens_per_tile(self.processor.tile_size)
+        self._check_seq_len(tokens_per_tile)
+        return len(self.prompt_ids(self.model.tokenizer, rows, cols, tokens_per_tile))
 
     def _check_seq_len(self, tokens_per_tile: int) -> None:
         stated = getattr(self.processor, "image_seq_len", None)
@@ -235,20 +165,3 @@ class Idefics3Vision(VisionHandle):
             fake if isinstance(fake, str) else FAKE_IMAGE_TOKEN,
             global_ if isinstance(global_, str) else GLOBAL_IMAGE_TOKEN,
         )
-
-
-def _language_model(config: ModelConfig) -> Model:
-    from engine.models.registry import model_class  # the registry imports this module
-
-    arch = config.text_architecture or "LlamaForCausalLM"
-    try:
-        cls = model_class(arch)
-    except UnsupportedArchitectureError as e:
-        raise UnsupportedArchitectureError(
-            f"the language model of this {config.architecture} (text_config): {e}"
-        ) from None
-    if cls is Idefics3ForConditionalGeneration:
-        raise UnsupportedArchitectureError(
-            f"config.json text_config names {config.architecture} itself as the text model"
-        )
-    return cls(replace(config, architecture=arch, text_architecture=None))

@@ -12,25 +12,19 @@ generator), and `forward` is the text model's.
 
 from __future__ import annotations
 
-import logging
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 
 from engine.config import ModelConfig
-from engine.errors import ModelLoadError, UnsupportedArchitectureError
-from engine.models.base import Model
-from engine.models.batch import Batch
-from engine.models.rope import RotaryTable
-from engine.models.vision import load_checked, vision_tower_class
+from engine.errors import ModelLoadError
+from engine.models.vision import vision_tower_class
 from engine.models.vision.clip import VisionConfig
 from engine.models.vision.handle import VisionHandle
 from engine.models.vision.projector import LlavaProjector
-from engine.vision.embedding import MMEmbedding
-
-log = logging.getLogger(__name__)
+from engine.models.vlm import VisionLanguageModel
 
 # transformers' LlavaConfig defaults: a llava-1.5 CLIP ViT-L/14-336 tower when vision_config is absent.
 _DEFAULT_VISION = {
@@ -45,24 +39,9 @@ _DEFAULT_VISION = {
 _DEFAULT_IMAGE_TOKEN_ID = 32000
 _STRATEGIES = ("default", "full")
 
-# Checkpoint prefixes -> (our part, prefix inside that part). transformers >= 4.52 nests everything under
-# "model." with the head at "lm_head."; older checkpoints (and transformers 5's save_pretrained, which
-# writes the original layout back) use "language_model.model." / "language_model.lm_head.".
-_CHECKPOINT_PARTS = (
-    ("model.language_model.", "language_model", "model."),
-    ("language_model.model.", "language_model", "model."),
-    ("language_model.lm_head.", "language_model", "lm_head."),
-    ("lm_head.", "language_model", "lm_head."),
-    ("model.vision_tower.", "vision_tower", ""),
-    ("vision_tower.", "vision_tower", ""),
-    ("model.multi_modal_projector.", "multi_modal_projector", ""),
-    ("multi_modal_projector.", "multi_modal_projector", ""),
-)
 
-
-class LlavaForConditionalGeneration(Model):
-    """LLaVA over a paged KV cache. `forward(inputs, positions, batch)` is the language model's (inputs may
-    be embeddings with image rows spliced in); `encode_images` turns pixels into those rows.
+class LlavaForConditionalGeneration(VisionLanguageModel):
+    """LLaVA over a paged KV cache (see VisionLanguageModel); `encode_images` turns pixels into image rows.
 
     Attributes: `image_token_id` (the vocabulary's image placeholder), `tokens_per_image`, `vision` (the
     handle with `get_image_embeddings`; `vision_model` is the exllamav2 name for it).
@@ -85,11 +64,13 @@ class LlavaForConditionalGeneration(Model):
     def __init__(self, config: ModelConfig):
         super().__init__(config)
         extra = config.extra
-        self.language_model = _language_model(config)
+        self.language_model = self.build_language_model(config)
         vision = extra.get("vision_config") or dict(_DEFAULT_VISION)
         tower_cls = vision_tower_class(vision.get("model_type", "clip_vision_model"))
         vision_config = VisionConfig.from_hf_dict(vision, tower_cls.DEFAULTS)
-        self.feature_layers = _feature_layers(extra.get("vision_feature_layer", -2), vision_config.num_hidden_layers)
+        self.feature_layers = read_feature_layers(
+            extra.get("vision_feature_layer", -2), vision_config.num_hidden_layers
+        )
         self.select_strategy = extra.get("vision_feature_select_strategy", "default")
         if self.select_strategy not in _STRATEGIES:
             raise ModelLoadError(
@@ -109,42 +90,7 @@ class LlavaForConditionalGeneration(Model):
         self.tokens_per_image: int = self.vision_tower.num_positions - int(self.select_strategy == "default")
         self.vision = LlavaVision(self)
 
-    @property
-    def vision_model(self) -> LlavaVision:
-        """exllamav2's name for `vision`."""
-        return self.vision
-
-    @property
-    def rope(self) -> RotaryTable:
-        return self.language_model.rope
-
-    # --- weights -------------------------------------------------------------------------------------
-
-    def load_tensors(self, tensors: dict[str, Any]) -> None:
-        """Split checkpoint tensors by part (either naming layout) and let each part load and check its own."""
-        parts: dict[str, dict[str, Any]] = {"language_model": {}, "vision_tower": {}, "multi_modal_projector": {}}
-        ignored = 0
-        for name, value in tensors.items():
-            for prefix, part, inner in _CHECKPOINT_PARTS:
-                if name.startswith(prefix):
-                    parts[part][inner + name[len(prefix) :]] = value
-                    break
-            else:
-                ignored += 1
-        if ignored:
-            log.debug("ignored %d checkpoint tensors that belong to no LLaVA part", ignored)
-        self.language_model.load_tensors(parts["language_model"])
-        self.vision_tower.load_tensors(parts["vision_tower"])
-        load_checked(self.multi_modal_projector, parts["multi_modal_projector"], "LLaVA projector")
-
-    def tie_weights(self) -> None:
-        self.language_model.tie_weights()
-
     # --- compute -------------------------------------------------------------------------------------
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Text token embeddings [num_tokens, hidden] for vocabulary ids."""
-        return self.language_model.embed(input_ids)
 
     @torch.no_grad()
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -159,64 +105,25 @@ class LlavaForConditionalGeneration(Model):
             features = [f[:, 1:] for f in features]
         return self.multi_modal_projector(torch.cat(features, dim=-1))
 
-    def forward(self, inputs: torch.Tensor, positions: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return self.language_model(inputs, positions, batch)
-
 
 class LlavaVision(VisionHandle):
-    """The image side of a loaded LLaVA: preprocessing (from the model folder's preprocessor_config.json)
-    and `get_image_embeddings`, shaped like exllamav2's vision model so code written for it runs."""
+    """The image side of a loaded LLaVA: preprocessing (from the model folder's preprocessor_config.json),
+    `get_image_embeddings` and `count_image_tokens` (every picture takes `tokens_per_image` ids)."""
 
     def read_processor(self, folder: Path):
         from engine.vision.preprocess import ImageProcessor
 
         return ImageProcessor.from_folder(folder)
 
-    @property
-    def image_placeholder(self) -> str | None:
-        """The tokenizer's text for the image token (e.g. "<image>"), or None without a usable tokenizer."""
-        try:
-            tokenizer = self.model.tokenizer
-        except (AttributeError, ModelLoadError):
-            return None
-        return tokenizer.id_to_piece(self.model.image_token_id)
-
-    def get_image_embeddings(
-        self,
-        model: object | None = None,
-        tokenizer: object | None = None,
-        image: Any = None,
-        text_alias: str | None = None,
-    ) -> MMEmbedding:
-        """Embed one image (a PIL image, a path or encoded bytes) as an MMEmbedding of this model's rows.
-
-        `model` and `tokenizer` are accepted for exllamav2's call shape; this handle already belongs to its
-        model, and the embedding's token ids come from the image content, not the tokenizer.
-        """
-        if image is None:
-            raise ValueError("get_image_embeddings needs image= (a PIL image, a file path or image bytes)")
-        from engine.vision.image import image_content_hash, load_image
-
-        picture = load_image(image)
+    def embed_picture(self, picture: Image.Image, tokenizer: Any | None) -> torch.Tensor:
         pixels = self.processor(picture)  # [3, H, W] float32
-        rows = self.model.encode_images(pixels.unsqueeze(0))[0]  # [tokens_per_image, hidden]
-        return MMEmbedding(rows, image_hash=image_content_hash(picture), text_alias=text_alias)
+        return self.model.encode_images(pixels.unsqueeze(0))[0]  # [tokens_per_image, hidden]
+
+    def num_image_tokens(self, height: int, width: int) -> int:
+        return self.model.tokens_per_image
 
 
-def _language_model(config: ModelConfig) -> Model:
-    from engine.models.registry import model_class  # the registry imports this module
-
-    arch = config.text_architecture or "LlamaForCausalLM"
-    try:
-        cls = model_class(arch)
-    except UnsupportedArchitectureError as e:
-        raise UnsupportedArchitectureError(f"the language model of this LLaVA checkpoint (text_config): {e}") from None
-    if cls is LlavaForConditionalGeneration:
-        raise UnsupportedArchitectureError("config.json text_config names LLaVA itself as the language model")
-    return cls(replace(config, architecture=arch, text_architecture=None))
-
-
-def _feature_layers(value: Any, num_layers: int) -> tuple[int, ...]:
+def read_feature_layers(value: Any, num_layers: int) -> tuple[int, ...]:
     """`vision_feature_layer` (an index or a list) as non-negative indices into the hidden states.
 
     There are num_layers + 1 hidden states (index 0 is the encoder input), and negative indices count

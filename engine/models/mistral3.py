@@ -20,61 +20,27 @@ configs to).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.errors import ModelLoadError, UnsupportedArchitectureError
-from engine.models.base import Model
-from engine.models.batch import Batch
+from engine.errors import ModelLoadError
 from engine.models.layers import RMSNorm
-from engine.models.llava import _feature_layers
-from engine.models.rope import RotaryTable
-from engine.models.vision import activation, config_value, load_checked
+from engine.models.llava import read_feature_layers
+from engine.models.vision import activation, config_value
 from engine.models.vision.handle import VisionHandle
 from engine.models.vision.pixtral import PixtralVisionConfig, PixtralVisionTower
 from engine.models.vision.projector import LlavaProjector
-from engine.vision.embedding import MMEmbedding
+from engine.models.vlm import VisionLanguageModel
 
-log = logging.getLogger(__name__)
-
-# transformers' Mistral3Config: the sub-configs it builds when config.json leaves one out entirely (a partial
-# sub-config takes its own class's defaults instead, which engine/config.py applies for the text model).
-_MISTRAL3_TEXT = {
-    "model_type": "mistral",
-    "head_dim": 128,
-    "hidden_size": 5120,
-    "intermediate_size": 32768,
-    "max_position_embeddings": 131072,
-    "num_attention_heads": 32,
-    "num_hidden_layers": 40,
-    "num_key_value_heads": 8,
-    "rms_norm_eps": 1e-05,
-    "rope_theta": 1000000000.0,
-    "sliding_window": None,
-    "vocab_size": 131072,
-}
+# transformers' Mistral3Config builds this encoder when config.json leaves vision_config out (a partial one
+# takes PixtralVisionConfig's own defaults instead). Its text defaults are in engine/config.py.
 _MISTRAL3_VISION = PixtralVisionConfig(patch_size=14, image_size=1540)
-
-# Checkpoint prefixes -> (our part, prefix inside that part). transformers >= 4.52 nests everything under
-# "model." with the head at "lm_head."; older checkpoints (and transformers 5's save_pretrained) use
-# "language_model.model." / "language_model.lm_head.".
-_CHECKPOINT_PARTS = (
-    ("model.language_model.", "language_model", "model."),
-    ("language_model.model.", "language_model", "model."),
-    ("language_model.lm_head.", "language_model", "lm_head."),
-    ("lm_head.", "language_model", "lm_head."),
-    ("model.vision_tower.", "vision_tower", ""),
-    ("vision_tower.", "vision_tower", ""),
-    ("model.multi_modal_projector.", "multi_modal_projector", ""),
-    ("multi_modal_projector.", "multi_modal_projector", ""),
-)
 
 
 class PatchMerger(nn.Module):
@@ -115,9 +81,9 @@ class Mistral3Projector(nn.Module):
         return self.linear_2(self.act(self.linear_1(merged)))
 
 
-class Mistral3ForConditionalGeneration(Model):
-    """Mistral 3 over a paged KV cache. `forward(inputs, positions, batch)` is the text model's (inputs may be
-    embeddings with image rows spliced in); `encode_images` turns preprocessed pictures into image rows.
+class Mistral3ForConditionalGeneration(VisionLanguageModel):
+    """Mistral 3 over a paged KV cache (see VisionLanguageModel); `encode_images` turns preprocessed pictures
+    into image rows.
 
     Attributes: `image_token_id`, `merge_size`, `token_patch` (pixels per image token side: encoder patch times
     merge size), `tokens_per_image` (the most ids a picture can take, a square at the encoder's image_size;
@@ -125,19 +91,22 @@ class Mistral3ForConditionalGeneration(Model):
     """
 
     architectures = ("Mistral3ForConditionalGeneration",)
+    default_text_architecture = "MistralForCausalLM"
     default_feature_layer: Any = -1
     default_image_token_id = 10
 
     def __init__(self, config: ModelConfig):
-        config = self.prepared_config(config)
+        self.check_config(config)
         super().__init__(config)
         extra = config.extra
-        self.language_model = _language_model(config)
+        self.language_model = self.build_language_model(config)
         vision = extra.get("vision_config")
+        if vision is None:
+            vision = {"model_type": "pixtral", **vars(_MISTRAL3_VISION)}
         if not isinstance(vision, dict):
             raise ModelLoadError(f"config.json vision_config must be an object, got {type(vision).__name__}")
         vision_config = PixtralVisionConfig.from_hf_dict(vision)
-        self.feature_layers = _feature_layers(
+        self.feature_layers = read_feature_layers(
             extra.get("vision_feature_layer", self.default_feature_layer), vision_config.num_hidden_layers
         )
         self.merge_size = self.read_merge_size(extra)
@@ -155,19 +124,8 @@ class Mistral3ForConditionalGeneration(Model):
     # --- what differs from Pixtral-12B (PixtralLlavaForConditionalGeneration) ---------------------------------
 
     @staticmethod
-    def prepared_config(config: ModelConfig) -> ModelConfig:
-        """`config` with Mistral 3's own sub-configs where config.json leaves one out."""
-        extra = dict(config.extra)
-        if extra.get("vision_config") is None:
-            extra["vision_config"] = {"model_type": "pixtral", **vars(_MISTRAL3_VISION)}
-        text = extra.get("text_config")
-        if text is None:
-            extra["text_config"] = dict(_MISTRAL3_TEXT)
-        elif isinstance(text, dict) and "model_type" not in text:
-            extra["text_config"] = {**text, "model_type": "mistral"}  # transformers' sub-config type here
-        else:
-            return replace(config, extra=extra)
-        return ModelConfig.from_hf_dict(extra, architecture=config.architecture)
+    def check_config(config: ModelConfig) -> None:
+        """Raise ModelLoadError for a config this design cannot run (none of Mistral 3's)."""
 
     @staticmethod
     def read_merge_size(extra: dict[str, Any]) -> int:
@@ -196,59 +154,7 @@ class Mistral3ForConditionalGeneration(Model):
         """Image rows [sum(rows * cols), text_hidden] for encoder features [total_patches, vision_dim]."""
         return self.multi_modal_projector(features, grids)
 
-    # --- shared ------------------------------------------------------------------------------------------
-
-    @property
-    def vision_model(self) -> PixtralVision:
-        """exllamav2's name for `vision`."""
-        return self.vision
-
-    @property
-    def rope(self) -> RotaryTable:
-        return self.language_model.rope
-
-    def load_tensors(self, tensors: dict[str, Any]) -> None:
-        """Split checkpoint tensors by part (either naming layout) and let each part load and check its own."""
-        parts: dict[str, dict[str, Any]] = {
-            "language_model": {},
-            "vision_tower": {},
-            "multi_modal_projector": {},
-        }
-        ignored = 0
-        for name, value in tensors.items():
-            for prefix, part, inner in _CHECKPOINT_PARTS:
-                if name.startswith(prefix):
-                    parts[part][inner + name[len(prefix) :]] = value
-                    break
-            else:
-                ignored += 1
-        if ignored:
-            log.debug("ignored %d checkpoint tensors that belong to no %s part", ignored, self.config.architecture)
-        text = parts["language_model"]
-        self.language_model.load_tensors(text)
-        head = text.get("lm_head.weight")
-        if (
-            self.config.tie_word_embeddings
-            and head is not None
-            and not torch.equal(head, text["model.embed_tokens.weight"])
-        ):
-            # transformers ties only when the checkpoint's head is absent or equal to the embeddings (its
-            # Mistral3Config says "tied" by default, even for checkpoints with their own head).
-            log.info("config.json ties the word embeddings but the checkpoint has its own lm_head; using it")
-            self.language_model.lm_head.weight = nn.Parameter(head, requires_grad=False)
-        self.vision_tower.load_tensors(parts["vision_tower"])
-        load_checked(
-            self.multi_modal_projector,
-            parts["multi_modal_projector"],
-            f"{self.config.architecture} projector",
-        )
-
-    def tie_weights(self) -> None:
-        self.language_model.tie_weights()
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Text token embeddings [num_tokens, hidden] for vocabulary ids."""
-        return self.language_model.embed(input_ids)
+    # --- compute -------------------------------------------------------------------------------------
 
     @torch.no_grad()
     def encode_images(self, images: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -262,9 +168,6 @@ class Mistral3ForConditionalGeneration(Model):
         rows = self.project(features, grids)
         m = self.merge_size
         return list(rows.split([(h // m) * (w // m) for h, w in grids]))
-
-    def forward(self, inputs: torch.Tensor, positions: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return self.language_model(inputs, positions, batch)
 
 
 class PixtralLlavaForConditionalGeneration(Mistral3ForConditionalGeneration):
@@ -280,8 +183,8 @@ class PixtralLlavaForConditionalGeneration(Mistral3ForConditionalGeneration):
     default_image_token_id = 32000
 
     @staticmethod
-    def prepared_config(config: ModelConfig) -> ModelConfig:
-        """`config` as it is (LLaVA's defaults come from engine/config.py), once its feature strategy is checked."""
+    def check_config(config: ModelConfig) -> None:
+        """Refuse a feature strategy that drops a patch (LLaVA's defaults come from engine/config.py)."""
         strategy = config.extra.get("vision_feature_select_strategy", "default")
         if strategy != "full":
             # "default" drops the first token of the whole multi-image sequence (CLIP's class token elsewhere),
@@ -290,7 +193,6 @@ class PixtralLlavaForConditionalGeneration(Mistral3ForConditionalGeneration):
                 f"config.json vision_feature_select_strategy is {strategy!r}; a LLaVA with a Pixtral encoder "
                 "keeps every patch, so it must be 'full' (as Pixtral-12B's config.json says)."
             )
-        return config
 
     @staticmethod
     def read_merge_size(extra: dict[str, Any]) -> int:
@@ -309,22 +211,14 @@ class PixtralLlavaForConditionalGeneration(Mistral3ForConditionalGeneration):
 
 
 class PixtralVision(VisionHandle):
-    """The image side of a loaded Pixtral-family model: preprocessing (from the model folder) and
-    `get_image_embeddings`, shaped like exllamav2's vision model so code written for it runs."""
+    """The image side of a loaded Pixtral-family model: preprocessing (from the model folder),
+    `get_image_embeddings` (one MMEmbedding covering a picture's image, break and end tokens) and
+    `count_image_tokens` (rows * (cols + 1) of its resized token grid)."""
 
     def read_processor(self, folder: Path):
         from engine.vision.pixtral_processor import PixtralImageProcessor
 
         return PixtralImageProcessor.from_folder(folder, patch_size=self.model.token_patch)
-
-    @property
-    def image_placeholder(self) -> str | None:
-        """The tokenizer's text for the image token ("[IMG]"), or None without a usable tokenizer."""
-        try:
-            tokenizer = self.model.tokenizer
-        except (AttributeError, ModelLoadError):
-            return None
-        return tokenizer.id_to_piece(self.model.image_token_id)
 
     def prompt_ids(self, tokenizer: Any, rows: int, cols: int) -> torch.Tensor:
         """Token ids [rows * (cols + 1)] of one picture's layout (see engine/vision/pixtral_processor.py)."""
@@ -340,35 +234,22 @@ class PixtralVision(VisionHandle):
             )
         return image_layout(rows, cols, self.model.image_token_id, ids[0], ids[1])
 
-    def get_image_embeddings(
-        self,
-        model: object | None = None,
-        tokenizer: object | None = None,
-        image: Any = None,
-        text_alias: str | None = None,
-    ) -> MMEmbedding:
-        """Embed one image (a PIL image, a path or encoded bytes) as an MMEmbedding whose rows cover its whole
-        layout (image tokens, breaks and the end token).
-
-        `model` is accepted for exllamav2's call shape (this handle already belongs to its model);
-        `tokenizer` gives the break and end token ids, the model's own tokenizer when None.
-        """
-        if image is None:
-            raise ValueError("get_image_embeddings needs image= (a PIL image, a file path or image bytes)")
-        from engine.vision.image import image_content_hash, load_image
-
+    def embed_picture(self, picture: Image.Image, tokenizer: Any | None) -> torch.Tensor:
         tokenizer = self.model.tokenizer if tokenizer is None else tokenizer
         self._check_patch()
-        picture = load_image(image)
         pixels = self.processor(picture)  # [3, H, W] float32
         features = self.model.encode_images([pixels])[0]  # [rows * cols, hidden]
-        rows, cols = pixels.shape[-2] // self.model.token_patch, pixels.shape[-1] // self.model.token_patch
-        ids = self.prompt_ids(tokenizer, rows, cols).to(self.model.device)
-        is_image = ids == self.model.image_token_id
-        with torch.no_grad():
-            embeddings = self.model.embed(torch.where(is_image, torch.zeros_like(ids), ids))  # [num_tokens, hidden]
-        embeddings[is_image] = features.to(embeddings.dtype)
-        return MMEmbedding(embeddings, image_hash=image_content_hash(picture), text_alias=text_alias)
+        rows, cols = self._token_grid(pixels.shape[-2], pixels.shape[-1])
+        return self.layout_rows(self.prompt_ids(tokenizer, rows, cols), features)
+
+    def num_image_tokens(self, height: int, width: int) -> int:
+        self._check_patch()
+        rows, cols = self._token_grid(*self.processor.output_hw(height, width))
+        return rows * (cols + 1)
+
+    def _token_grid(self, height: int, width: int) -> tuple[int, int]:
+        """(rows, cols) of image tokens of a preprocessed height x width picture."""
+        return height // self.model.token_patch, width // self.model.token_patch
 
     def _check_patch(self) -> None:
         stated = getattr(self.processor, "stated_patch_size", None)
@@ -379,18 +260,3 @@ class PixtralVision(VisionHandle):
                 f"tokens of {self.model.token_patch} pixels; the processor config and config.json do not belong "
                 "together"
             )
-
-
-def _language_model(config: ModelConfig) -> Model:
-    from engine.models.registry import model_class  # the registry imports this module
-
-    arch = config.text_architecture or "MistralForCausalLM"
-    try:
-        cls = model_class(arch)
-    except UnsupportedArchitectureError as e:
-        raise UnsupportedArchitectureError(
-            f"the language model of this {config.architecture} (text_config): {e}"
-        ) from None
-    if issubclass(cls, Mistral3ForConditionalGeneration) or arch == config.architecture:
-        raise UnsupportedArchitectureError(f"config.json text_config names {config.architecture} itself")
-    return cls(replace(config, architecture=arch, text_architecture=None))

@@ -22,43 +22,27 @@ job that shares the prefix.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 
 from engine.config import ModelConfig
-from engine.errors import ModelLoadError, UnsupportedArchitectureError
-from engine.models.base import Model
-from engine.models.batch import Batch
-from engine.models.qwen2 import Qwen2ForCausalLM
-from engine.models.rope import MultimodalRotaryTable, RotaryTable, inverse_frequencies
-from engine.models.vision import load_checked
+from engine.errors import ModelLoadError
+from engine.models.rope import MultimodalRotaryTable, inverse_frequencies
+from engine.models.vision import config_int
 from engine.models.vision.handle import VisionHandle
 from engine.models.vision.qwen2_vl_vision import Grid, Qwen2VisionConfig, Qwen2VisionTransformer
+from engine.models.vlm import VisionLanguageModel
 from engine.vision.embedding import MMEmbedding
-
-log = logging.getLogger(__name__)
 
 # transformers' Qwen2VLConfig / Qwen2_5_VLConfig defaults.
 _DEFAULT_IMAGE_ID = 151655
 _DEFAULT_VISION_START_ID = 151652
 _DEFAULT_VISION_END_ID = 151653
 _DEFAULT_MROPE_SECTION = [16, 24, 24]
-
-# Checkpoint prefixes -> (our part, prefix inside that part): the released layout (which transformers 5's
-# save_pretrained writes back) and the transformers 4.5x one with everything under "model.". Order matters:
-# "model.visual." and "model.language_model." before the plain "model.".
-_CHECKPOINT_PARTS = (
-    ("model.visual.", "visual", ""),
-    ("visual.", "visual", ""),
-    ("model.language_model.", "language_model", "model."),
-    ("model.", "language_model", "model."),
-    ("lm_head.", "language_model", "lm_head."),
-)
 
 
 class Qwen2VLImageEmbedding(MMEmbedding):
@@ -87,7 +71,7 @@ class Qwen2VLImageEmbedding(MMEmbedding):
         return f"{self.wrap[0]}{self.text_alias}{self.wrap[1]}"
 
 
-class Qwen2VLForConditionalGeneration(Model):
+class Qwen2VLForConditionalGeneration(VisionLanguageModel):
     """Qwen2-VL over a paged KV cache (transformers' Qwen2VLForConditionalGeneration).
 
     `forward(inputs, positions, batch)` is the language model's; `positions` are [num_tokens] (text only) or
@@ -97,21 +81,26 @@ class Qwen2VLForConditionalGeneration(Model):
 
     architectures = ("Qwen2VLForConditionalGeneration",)
     is_v2_5 = False
-    text_architecture = "Qwen2ForCausalLM"
+    default_text_architecture = "Qwen2ForCausalLM"
+    text_architectures = ("Qwen2ForCausalLM",)
+    # The released layout (which transformers 5's save_pretrained writes back) and the transformers 4.5x one
+    # with everything under "model.". Order matters: "model.visual." before the plain "model.".
+    checkpoint_parts = (
+        ("model.visual.", "visual", ""),
+        ("visual.", "visual", ""),
+        ("model.language_model.", "language_model", "model."),
+        ("model.", "language_model", "model."),
+        ("lm_head.", "language_model", "lm_head."),
+    )
 
     def __init__(self, config: ModelConfig):
         super().__init__(config)
         extra = config.extra
-        if config.text_architecture != self.text_architecture:
-            raise UnsupportedArchitectureError(
-                f"config.json text_config describes {config.text_architecture!r}, but {config.architecture}'s "
-                "language model is Qwen2 (model_type qwen2_vl_text / qwen2_5_vl_text)."
-            )
-        text_config = replace(config, architecture=self.text_architecture, text_architecture=None)
-        self.language_model = Qwen2ForCausalLM(text_config)
-        sections = _mrope_section(extra)
+        self.language_model = self.build_language_model(config)
+        self.mrope_section = _mrope_section(extra)
         try:
-            self.language_model.rope = MultimodalRotaryTable(inverse_frequencies(text_config), sections)
+            inv_freq = inverse_frequencies(self.language_model.config)
+            self.language_model.rope = MultimodalRotaryTable(inv_freq, self.mrope_section)
         except ValueError as e:
             raise ModelLoadError(f"config.json rope_scaling: {e}; config.json is inconsistent.") from None
 
@@ -127,49 +116,15 @@ class Qwen2VLForConditionalGeneration(Model):
         self.visual = Qwen2VisionTransformer(self.vision_config)
         self.spatial_merge_size = self.vision_config.spatial_merge_size
         self.image_token_id = _DEFAULT_IMAGE_ID if config.image_token_id is None else config.image_token_id
-        self.vision_start_token_id = _int(extra, "vision_start_token_id", _DEFAULT_VISION_START_ID)
-        self.vision_end_token_id = _int(extra, "vision_end_token_id", _DEFAULT_VISION_END_ID)
+        self.vision_start_token_id = config_int(extra, "vision_start_token_id", _DEFAULT_VISION_START_ID)
+        self.vision_end_token_id = config_int(extra, "vision_end_token_id", _DEFAULT_VISION_END_ID)
         self.vision = Qwen2VLVision(self)
-
-    @property
-    def vision_model(self) -> Qwen2VLVision:
-        """exllamav2's name for `vision`."""
-        return self.vision
-
-    @property
-    def rope(self) -> RotaryTable:
-        return self.language_model.rope
-
-    # --- weights -------------------------------------------------------------------------------------
-
-    def load_tensors(self, tensors: dict[str, Any]) -> None:
-        """Split checkpoint tensors by part (either naming layout) and let each part load and check its own."""
-        parts: dict[str, dict[str, Any]] = {"language_model": {}, "visual": {}}
-        for name, value in tensors.items():
-            for prefix, part, inner in _CHECKPOINT_PARTS:
-                if name.startswith(prefix):
-                    parts[part][inner + name[len(prefix) :]] = value
-                    break
-        self.language_model.load_tensors(parts["language_model"])
-        load_checked(self.visual, parts["visual"], f"{self.config.architecture} vision model")
-
-    def tie_weights(self) -> None:
-        self.language_model.tie_weights()
-
-    # --- compute -------------------------------------------------------------------------------------
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Text token embeddings [num_tokens, hidden] for vocabulary ids."""
-        return self.language_model.embed(input_ids)
 
     @torch.no_grad()
     def encode_images(self, pixel_values: torch.Tensor, grids: Sequence[Grid]) -> torch.Tensor:
         """Image rows [sum of t*h*w / merge**2, hidden] for patches [sum of t*h*w, patch_dim] of images with
         patch grids `grids` (t, h, w), one after another."""
         return self.visual(pixel_values.to(self.device), [tuple(int(v) for v in g) for g in grids])
-
-    def forward(self, inputs: torch.Tensor, positions: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return self.language_model(inputs, positions, batch)
 
     def mrope_positions(
         self, token_ids: Sequence[int], start: int, length: int, embeddings: Sequence[Any] = ()
@@ -215,7 +170,8 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
 
 class Qwen2VLVision(VisionHandle):
     """The image side of a loaded Qwen2-VL: preprocessing (from the folder's processor config), the chat
-    template's placeholder, and `get_image_embeddings` (exllamav2's call shape)."""
+    template's placeholder, `get_image_embeddings` (exllamav2's call shape) and `count_image_tokens` (one id
+    per merged block of the picture's dynamic patch grid)."""
 
     def read_processor(self, folder: Path):
         from engine.vision.qwen2_vl_processor import Qwen2VLImageProcessor
@@ -232,41 +188,29 @@ class Qwen2VLVision(VisionHandle):
                 f"model takes {mine}; the processor config and config.json do not belong together"
             )
 
-    def _piece(self, token_id: int) -> str | None:
-        try:
-            return self.model.tokenizer.id_to_piece(token_id)
-        except (AttributeError, ModelLoadError):
-            return None
-
     @property
     def image_placeholder(self) -> str | None:
         """What the chat template writes for an image ("<|vision_start|><|image_pad|><|vision_end|>"), or None
         without a usable tokenizer."""
         m = self.model
-        pieces = [self._piece(i) for i in (m.vision_start_token_id, m.image_token_id, m.vision_end_token_id)]
+        pieces = [self.piece(i) for i in (m.vision_start_token_id, m.image_token_id, m.vision_end_token_id)]
         return None if None in pieces else "".join(pieces)
 
-    def get_image_embeddings(
-        self,
-        model: object | None = None,
-        tokenizer: object | None = None,
-        image: Any = None,
-        text_alias: str | None = None,
-    ) -> Qwen2VLImageEmbedding:
-        """Embed one image (a PIL image, a path or encoded bytes) as its rows and grid. `model` and `tokenizer`
-        are accepted for exllamav2's call shape."""
-        if image is None:
-            raise ValueError("get_image_embeddings needs image= (a PIL image, a file path or image bytes)")
-        from engine.vision.image import image_content_hash, load_image
-
-        picture = load_image(image)
+    def embed_picture(self, picture: Image.Image, tokenizer: Any | None) -> torch.Tensor:
         patched = self.processor(picture)
-        rows = self.model.encode_images(patched.pixel_values, [patched.grid_thw])
-        start, end = self._piece(self.model.vision_start_token_id), self._piece(self.model.vision_end_token_id)
+        return self.model.encode_images(patched.pixel_values, [patched.grid_thw])
+
+    def num_image_tokens(self, height: int, width: int) -> int:
+        t, h, w = self.processor.grid_thw(height, width)
+        return t * h * w // self.model.spatial_merge_size**2
+
+    def wrap(
+        self, rows: torch.Tensor, image_hash: str, height: int, width: int, text_alias: str | None
+    ) -> Qwen2VLImageEmbedding:
+        start, end = self.piece(self.model.vision_start_token_id), self.piece(self.model.vision_end_token_id)
         wrap = (start, end) if start is not None and end is not None else ("<|vision_start|>", "<|vision_end|>")
-        return Qwen2VLImageEmbedding(
-            rows, image_hash=image_content_hash(picture), grid_thw=patched.grid_thw, text_alias=text_alias, wrap=wrap
-        )
+        grid = self.processor.grid_thw(height, width)
+        return Qwen2VLImageEmbedding(rows, image_hash=image_hash, grid_thw=grid, text_alias=text_alias, wrap=wrap)
 
 
 def _image_runs(token_ids: list[int], end: int, embeddings: Sequence[Any]) -> list[tuple[int, Any]]:
@@ -319,12 +263,3 @@ def _mrope_section(extra: dict[str, Any]) -> list[int]:
                     raise ModelLoadError(f"config.json {key}.mrope_section must be a list of counts, got {section!r}")
                 return section
     return list(_DEFAULT_MROPE_SECTION)
-
-
-def _int(d: dict[str, Any], key: str, default: int) -> int:
-    value = d.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ModelLoadError(f"config.json {key} must be an integer, got {value!r}")
-    return value

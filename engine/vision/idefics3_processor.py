@@ -17,7 +17,6 @@ arithmetic is that of transformers' Idefics3ImageProcessorPil / SmolVLMImageProc
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass
@@ -28,9 +27,16 @@ import numpy as np
 import torch
 from PIL import Image
 
-from engine.errors import CorruptFileError, MissingFileError
-from engine.vision.image import to_rgb
-from engine.vision.preprocess import CONFIG_NAME, PROCESSOR_CONFIG_NAME
+from engine.vision.options import (
+    bool_option,
+    positive_float,
+    positive_int,
+    processor_options,
+    read_processor_config,
+    resample_code,
+    three_numbers,
+)
+from engine.vision.pixels import normalised, rgb_for_model
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +66,6 @@ _DEFAULTS: dict[str, Any] = {
 # Keys that describe the file, the batch or videos, not the pixels of one image. do_pad only pads the
 # tiles of several images of a batch to one shape; one image's tiles always have the same shape.
 _IGNORED = ("image_processor_type", "processor_class", "do_pad", "return_row_col_info", "auto_map")
-_PIL_RESAMPLE_CODES = {int(r) for r in Image.Resampling}
 
 
 @dataclass(frozen=True)
@@ -105,65 +110,36 @@ class Idefics3ImageProcessor:
     def from_folder(cls, folder: str | Path) -> Idefics3ImageProcessor:
         """Read the image processor config of a Hugging Face model folder (preprocessor_config.json, or the
         `image_processor` section of processor_config.json; `image_seq_len` from processor_config.json)."""
-        folder = Path(folder)
-        if not folder.is_dir():
-            raise MissingFileError(f"model folder {folder} does not exist: check the path")
-        combined: dict[str, Any] = {}
-        if (folder / PROCESSOR_CONFIG_NAME).is_file():
-            combined = _read_json(folder / PROCESSOR_CONFIG_NAME)
-        seq_len = combined.get("image_seq_len")
-        if isinstance(combined.get("image_processor"), dict):
-            source = str(folder / PROCESSOR_CONFIG_NAME)
-            return cls.from_dict(combined["image_processor"], source=source, image_seq_len=seq_len)
-        path = folder / CONFIG_NAME
-        if not path.is_file():
-            raise MissingFileError(
-                f"{folder} has no {CONFIG_NAME}, so its images cannot be cut into tiles for the vision "
-                f"tower: copy {CONFIG_NAME} from the model's original repository into the folder"
-            )
-        return cls.from_dict(_read_json(path), source=str(path), image_seq_len=seq_len)
+        config, source, combined = read_processor_config(folder, "cut into tiles for the vision tower")
+        return cls.from_dict(config, source=source, image_seq_len=combined.get("image_seq_len"))
 
     @classmethod
     def from_dict(
         cls, config: dict[str, Any], *, source: str = "the processor config", image_seq_len: Any = None
     ) -> Idefics3ImageProcessor:
         """Parse a `preprocessor_config.json` dict; `source` names it in error messages."""
-        if not isinstance(config, dict):
-            raise ValueError(f"{source} should be a JSON object of options, got {type(config).__name__}")
-        class_name = config.get("image_processor_type")
-        if class_name is not None and class_name not in _KINDS:
-            raise ValueError(
-                f"{source}: image_processor_type {class_name!r} is not an Idefics3 or SmolVLM image processor; "
-                f"expected one of {', '.join(sorted(_KINDS))}"
-            )
-        unknown = sorted(set(config) - set(_DEFAULTS) - set(_IGNORED))
-        if unknown:
-            logger.debug("%s: ignoring keys %s", source, unknown)
-        # None in a config means "use the class default", as transformers treats it.
-        opts = {key: _DEFAULTS[key] if config.get(key) is None else config[key] for key in _DEFAULTS}
-        data_format = config.get("data_format")
-        if data_format not in (None, "channels_first"):
-            raise ValueError(f"{source}: data_format={data_format!r} is not supported; use 'channels_first'")
-
+        opts = processor_options(
+            config, source, family="Idefics3 / SmolVLM", kinds=_KINDS, defaults=_DEFAULTS, ignored=_IGNORED
+        )
         longest_edge, resize_hw = _parse_size(opts["size"], "size", source)
         tile = opts["max_image_size"]
         if not isinstance(tile, dict) or "longest_edge" not in tile:
             raise ValueError(f"{source}: max_image_size should be {{'longest_edge': N}}, got {tile!r}")
         if image_seq_len is not None:
-            image_seq_len = _positive_int(image_seq_len, "image_seq_len", source)
+            image_seq_len = positive_int(image_seq_len, "image_seq_len", source)
         return cls(
-            do_convert_rgb=_bool(opts, "do_convert_rgb", source),
-            do_resize=_bool(opts, "do_resize", source),
+            do_convert_rgb=bool_option(opts, "do_convert_rgb", source),
+            do_resize=bool_option(opts, "do_resize", source),
             longest_edge=longest_edge,
             resize_hw=resize_hw,
-            resample=_parse_resample(opts["resample"], source),
-            do_image_splitting=_bool(opts, "do_image_splitting", source),
-            tile_size=_positive_int(tile["longest_edge"], "max_image_size.longest_edge", source),
-            do_rescale=_bool(opts, "do_rescale", source),
-            rescale_factor=_positive_float(opts["rescale_factor"], "rescale_factor", source),
-            do_normalize=_bool(opts, "do_normalize", source),
-            image_mean=_three(opts["image_mean"], "image_mean", source, positive=False),
-            image_std=_three(opts["image_std"], "image_std", source, positive=True),
+            resample=resample_code(opts["resample"], source),
+            do_image_splitting=bool_option(opts, "do_image_splitting", source),
+            tile_size=positive_int(tile["longest_edge"], "max_image_size.longest_edge", source),
+            do_rescale=bool_option(opts, "do_rescale", source),
+            rescale_factor=positive_float(opts["rescale_factor"], "rescale_factor", source),
+            do_normalize=bool_option(opts, "do_normalize", source),
+            image_mean=three_numbers(opts["image_mean"], "image_mean", source, positive=False),
+            image_std=three_numbers(opts["image_std"], "image_std", source, positive=True),
             image_seq_len=image_seq_len,
         )
 
@@ -174,50 +150,46 @@ class Idefics3ImageProcessor:
                 f"Idefics3ImageProcessor takes a PIL.Image.Image, got {type(image).__name__}; "
                 "decode files and bytes with engine.vision.image.load_image first"
             )
-        if self.do_convert_rgb and (image.mode != "RGB" or "transparency" in image.info):
-            image = to_rgb(image)
-        elif image.mode != "RGB":
-            image = image.convert("RGB")  # the tower takes 3 channels whatever the flag says
+        image = rgb_for_model(image, self.do_convert_rgb)  # the tower takes 3 channels whatever the flag says
         if self.do_resize:
             height, width = self.resized_hw(image.height, image.width)
             image = image.resize((width, height), resample=self.resample)
         tile = self.tile_size
-        rows = cols = 0
+        rows, cols = self._split(image.height, image.width)
         if not self.do_image_splitting:
             tiles = [np.asarray(image.resize((tile, tile), resample=self.resample))]
         else:
             height, width = tile_multiple_hw(image.height, image.width, tile)
             image = image.resize((width, height), resample=self.resample)
             pixels = np.asarray(image)  # [H, W, 3] uint8
-            if height > tile or width > tile:
-                rows, cols = height // tile, width // tile
-                tiles = [
-                    pixels[r * tile : (r + 1) * tile, c * tile : (c + 1) * tile]
-                    for r in range(rows)
-                    for c in range(cols)
-                ]
-                tiles.append(np.asarray(image.resize((tile, tile), resample=self.resample)))
-            else:
-                tiles = [pixels]
-        return SplitImage(torch.stack([self._normalised(t) for t in tiles]), rows, cols)
+            tiles = [
+                pixels[r * tile : (r + 1) * tile, c * tile : (c + 1) * tile] for r in range(rows) for c in range(cols)
+            ]
+            # Cut pictures add a squeezed global view; an uncut one is its own global view.
+            tiles.append(np.asarray(image.resize((tile, tile), resample=self.resample)) if tiles else pixels)
+        return SplitImage(torch.stack([normalised(t, self) for t in tiles]), rows, cols)
+
+    def tile_grid(self, height: int, width: int) -> tuple[int, int]:
+        """(rows, cols) of tiles a height x width picture is cut into (0, 0: it is only its global image),
+        from its size alone."""
+        if self.do_resize:
+            height, width = self.resized_hw(height, width)
+        return self._split(height, width)
+
+    def _split(self, height: int, width: int) -> tuple[int, int]:
+        """(rows, cols) of a picture of this size after the first resize."""
+        if not self.do_image_splitting:
+            return 0, 0
+        height, width = tile_multiple_hw(height, width, self.tile_size)
+        if height > self.tile_size or width > self.tile_size:
+            return height // self.tile_size, width // self.tile_size
+        return 0, 0
 
     def resized_hw(self, height: int, width: int) -> tuple[int, int]:
         """(height, width) after the first resize of a height x width picture."""
         if self.resize_hw is not None:
             return self.resize_hw
         return longest_edge_hw(height, width, self.longest_edge)
-
-    def _normalised(self, pixels: np.ndarray) -> torch.Tensor:
-        """[H, W, 3] uint8 -> [3, H, W] float32, rescaled and normalised."""
-        if self.do_rescale:
-            # float64 product then float32, the order transformers uses, so the values agree to the last bit.
-            pixels = (pixels.astype(np.float64) * self.rescale_factor).astype(np.float32)
-        values = torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32))
-        if self.do_normalize:
-            mean = torch.tensor(self.image_mean, dtype=torch.float32)
-            std = torch.tensor(self.image_std, dtype=torch.float32)
-            values = (values - mean) / std
-        return values.permute(2, 0, 1).contiguous()
 
 
 def longest_edge_hw(height: int, width: int, longest_edge: int) -> tuple[int, int]:
@@ -275,61 +247,13 @@ def image_prompt(
     return text + f"{fake_token}{global_token}{image_run}{fake_token}"
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptFileError(f"{path} is not valid JSON ({exc}): re-download it") from None
-    if not isinstance(config, dict):
-        raise CorruptFileError(f"{path} should hold a JSON object, found {type(config).__name__}: re-download it")
-    return config
-
-
 def _parse_size(size: Any, key: str, source: str) -> tuple[int | None, tuple[int, int] | None]:
     """`size` as (longest_edge, None) or (None, (height, width))."""
     if isinstance(size, dict) and "longest_edge" in size:
-        return _positive_int(size["longest_edge"], f"{key}.longest_edge", source), None
+        return positive_int(size["longest_edge"], f"{key}.longest_edge", source), None
     if isinstance(size, dict) and {"height", "width"} <= set(size):
-        height = _positive_int(size["height"], f"{key}.height", source)
-        return None, (height, _positive_int(size["width"], f"{key}.width", source))
+        height = positive_int(size["height"], f"{key}.height", source)
+        return None, (height, positive_int(size["width"], f"{key}.width", source))
     raise ValueError(
         f"{source}: {key}={size!r} is not supported; use {{'longest_edge': N}} or {{'height': H, 'width': W}}"
     )
-
-
-def _bool(opts: dict[str, Any], key: str, source: str) -> bool:
-    value = opts[key]
-    if not isinstance(value, bool):
-        raise ValueError(f"{source}: {key} should be true or false, got {value!r}")
-    return value
-
-
-def _positive_int(value: Any, key: str, source: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{source}: {key} should be a positive whole number, got {value!r}")
-    return value
-
-
-def _positive_float(value: Any, key: str, source: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{source}: {key} should be a positive number, got {value!r}")
-    return float(value)
-
-
-def _parse_resample(value: Any, source: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value not in _PIL_RESAMPLE_CODES:
-        raise ValueError(f"{source}: resample={value!r} is not a PIL resampling code (0-5; 1 is LANCZOS)")
-    return value
-
-
-def _three(value: Any, key: str, source: str, *, positive: bool) -> tuple[float, float, float]:
-    numbers = [value] * 3 if isinstance(value, (int, float)) and not isinstance(value, bool) else value
-    if (
-        not isinstance(numbers, (list, tuple))
-        or len(numbers) != 3
-        or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in numbers)
-        or (positive and not all(x > 0 for x in numbers))
-    ):
-        need = "three positive numbers" if positive else "three numbers"
-        raise ValueError(f"{source}: {key} should be one number or {need} (R, G, B), got {value!r}")
-    return float(numbers[0]), float(numbers[1]), float(numbers[2])

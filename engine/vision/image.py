@@ -16,7 +16,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from engine.errors import ImageError
 from engine.vision.embedding import content_hash
@@ -49,9 +49,12 @@ _MAGIC = (
 )
 _COMMON_FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF", "AVIF", "ICO", "PPM", "TGA")
 _SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
+# The largest picture load_image takes by default: per side, and in all.
+MAX_SIDE = 8192
+MAX_PIXELS = 64_000_000
 
 
-def load_image(source: ImageSource, *, max_side: int = 8192, max_pixels: int = 64_000_000) -> Image.Image:
+def load_image(source: ImageSource, *, max_side: int = MAX_SIDE, max_pixels: int = MAX_PIXELS) -> Image.Image:
     """Decode `source` (a path, encoded bytes, or an open Pillow image) into a loaded RGB image.
 
     The declared size is checked against `max_side` (pixels per side) and `max_pixels` (width x
@@ -61,6 +64,33 @@ def load_image(source: ImageSource, *, max_side: int = 8192, max_pixels: int = 6
     """
     if isinstance(source, Image.Image):
         return _decode(source, "the given image", max_side, max_pixels)
+    opened, name = _open(source, max_side, max_pixels)
+    with opened:
+        return _decode(opened, name, max_side, max_pixels)
+
+
+def oriented_size(source: ImageSource) -> tuple[int, int]:
+    """(width, height) of the picture `load_image(source)` gives, from the header and the EXIF orientation:
+    the pixels are not decoded. Raises `ImageError` for a source that cannot be opened as an image."""
+    if isinstance(source, Image.Image):
+        return _oriented_size(source)
+    opened, _ = _open(source, MAX_SIDE, MAX_PIXELS)
+    with opened:
+        return _oriented_size(opened)
+
+
+def _oriented_size(image: Image.Image) -> tuple[int, int]:
+    width, height = image.size
+    try:
+        orientation = image.getexif().get(ExifTags.Base.Orientation)
+    except _DECODE_ERRORS:
+        orientation = None  # load_image fails on such a file; the count does not need to
+    # Orientations 5 to 8 turn the picture a quarter, so exif_transpose swaps its sides.
+    return (height, width) if orientation in (5, 6, 7, 8) else (width, height)
+
+
+def _open(source: ImageSource, max_side: int, max_pixels: int) -> tuple[Image.Image, str]:
+    """A lazily opened Pillow image of a path or encoded bytes, and the name error messages give it."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
         name = f"the image data ({len(data)} bytes)"
@@ -75,7 +105,7 @@ def load_image(source: ImageSource, *, max_side: int = 8192, max_pixels: int = 6
     if not data:
         raise ImageError(f"{name} is empty (0 bytes): it is not an image; re-save or re-download it")
     try:
-        opened = Image.open(io.BytesIO(data))
+        return Image.open(io.BytesIO(data)), name
     except UnidentifiedImageError:
         kind = _looks_like(data)
         if kind is not None:
@@ -91,8 +121,6 @@ def load_image(source: ImageSource, *, max_side: int = 8192, max_pixels: int = 6
         raise ImageError(_too_large_message(name, _bomb_size(exc), max_side, max_pixels)) from None
     except _DECODE_ERRORS as exc:
         raise ImageError(f"{name} is truncated or corrupt ({exc}): re-save or re-download it") from None
-    with opened:
-        return _decode(opened, name, max_side, max_pixels)
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

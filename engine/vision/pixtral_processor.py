@@ -24,22 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from PIL import Image
 
-from engine.errors import MissingFileError
-from engine.vision.image import to_rgb
-from engine.vision.preprocess import (
-    CONFIG_NAME,
+from engine.vision.options import (
     PROCESSOR_CONFIG_NAME,
-    _bool,
-    _parse_resample,
-    _positive_float,
-    _positive_int,
-    _read_json,
-    _three,
+    bool_option,
+    positive_float,
+    positive_int,
+    processor_options,
+    read_processor_config,
+    resample_code,
+    three_numbers,
 )
+from engine.vision.pixels import normalised, rgb_for_model
 
 logger = logging.getLogger(__name__)
 
@@ -101,22 +99,7 @@ class PixtralImageProcessor:
         `patch_size` (the model's encoder patch times its merge factor) overrides the file's, as the
         Pixtral processor overrides its image processor's.
         """
-        folder = Path(folder)
-        if not folder.is_dir():
-            raise MissingFileError(f"model folder {folder} does not exist: check the path")
-        combined: dict[str, Any] = {}
-        if (folder / PROCESSOR_CONFIG_NAME).is_file():
-            combined = _read_json(folder / PROCESSOR_CONFIG_NAME)
-        if isinstance(combined.get("image_processor"), dict):
-            config, source = combined["image_processor"], str(folder / PROCESSOR_CONFIG_NAME)
-        else:
-            path = folder / CONFIG_NAME
-            if not path.is_file():
-                raise MissingFileError(
-                    f"{folder} has no {CONFIG_NAME}, so its images cannot be prepared for the vision encoder: "
-                    f"copy {CONFIG_NAME} from the model's original repository into the folder"
-                )
-            config, source = _read_json(path), str(path)
+        config, source, combined = read_processor_config(folder, "prepared for the vision encoder")
         return cls.from_dict(config, source=source, patch_size=patch_size, processor=combined)
 
     @classmethod
@@ -130,39 +113,29 @@ class PixtralImageProcessor:
     ) -> PixtralImageProcessor:
         """Parse a `preprocessor_config.json` dict; `source` names it in error messages. `processor` is the
         processor_config.json dict (token texts, patch_size, spatial_merge_size) when there is one."""
-        if not isinstance(config, dict):
-            raise ValueError(f"{source} should be a JSON object of options, got {type(config).__name__}")
-        class_name = config.get("image_processor_type")
-        if class_name is not None and class_name not in _KINDS:
-            raise ValueError(
-                f"{source}: image_processor_type {class_name!r} is not a Pixtral image processor; "
-                f"expected one of {', '.join(_KINDS)}"
-            )
-        for key in _UNSUPPORTED:
-            if config.get(key):
-                raise ValueError(
-                    f"{source}: {key}={config[key]!r} is not supported by Tandem's Pixtral image processor "
-                    "(skipping it would change the pixels the model was trained on); use a model without it"
-                )
-        unknown = sorted(set(config) - set(_DEFAULTS) - set(_IGNORED) - set(_UNSUPPORTED))
-        if unknown:
-            logger.debug("%s: ignoring keys %s", source, unknown)
-        # None in a config means "use the class default", as transformers treats it.
-        opts = {key: _DEFAULTS[key] if config.get(key) is None else config[key] for key in _DEFAULTS}
+        opts = processor_options(
+            config,
+            source,
+            family="Pixtral",
+            kinds=_KINDS,
+            defaults=_DEFAULTS,
+            ignored=_IGNORED,
+            unsupported=_UNSUPPORTED,
+        )
         if patch_size is None:
             patch_size = _parse_patch(opts["patch_size"], source)
         processor = processor or {}
         return cls(
-            do_convert_rgb=_bool(opts, "do_convert_rgb", source),
-            do_resize=_bool(opts, "do_resize", source),
+            do_convert_rgb=bool_option(opts, "do_convert_rgb", source),
+            do_resize=bool_option(opts, "do_resize", source),
             max_hw=_parse_size(opts["size"], source),
-            patch_size=_positive_int(patch_size, "patch_size", source),
-            resample=_parse_resample(opts["resample"], source),
-            do_rescale=_bool(opts, "do_rescale", source),
-            rescale_factor=_positive_float(opts["rescale_factor"], "rescale_factor", source),
-            do_normalize=_bool(opts, "do_normalize", source),
-            image_mean=_three(opts["image_mean"], "image_mean", source, positive=False),
-            image_std=_three(opts["image_std"], "image_std", source, positive=True),
+            patch_size=positive_int(patch_size, "patch_size", source),
+            resample=resample_code(opts["resample"], source),
+            do_rescale=bool_option(opts, "do_rescale", source),
+            rescale_factor=positive_float(opts["rescale_factor"], "rescale_factor", source),
+            do_normalize=bool_option(opts, "do_normalize", source),
+            image_mean=three_numbers(opts["image_mean"], "image_mean", source, positive=False),
+            image_std=three_numbers(opts["image_std"], "image_std", source, positive=True),
             stated_patch_size=_stated_patch(processor),
             image_token=_token(processor, "image_token", IMAGE_TOKEN),
             image_break_token=_token(processor, "image_break_token", IMAGE_BREAK_TOKEN),
@@ -176,23 +149,16 @@ class PixtralImageProcessor:
                 f"PixtralImageProcessor takes a PIL.Image.Image, got {type(image).__name__}; "
                 "decode files and bytes with engine.vision.image.load_image first"
             )
-        if self.do_convert_rgb and (image.mode != "RGB" or "transparency" in image.info):
-            image = to_rgb(image)
-        elif image.mode != "RGB":
-            image = image.convert("RGB")  # the encoder takes 3 channels whatever the flag says
-        if self.do_resize:
-            height, width = self.resized_hw(image.height, image.width)
+        image = rgb_for_model(image, self.do_convert_rgb)  # the encoder takes 3 channels whatever the flag says
+        height, width = self.output_hw(image.height, image.width)
+        if (height, width) != (image.height, image.width):
             image = image.resize((width, height), resample=self.resample)
-        pixels = np.asarray(image)  # [H, W, 3] uint8
-        if self.do_rescale:
-            # float64 product then float32, the order transformers uses, so the values agree to the last bit.
-            pixels = (pixels.astype(np.float64) * self.rescale_factor).astype(np.float32)
-        values = torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32))  # [H, W, 3]
-        if self.do_normalize:
-            mean = torch.tensor(self.image_mean, dtype=torch.float32)
-            std = torch.tensor(self.image_std, dtype=torch.float32)
-            values = (values - mean) / std
-        return values.permute(2, 0, 1).contiguous()
+        return normalised(image, self)
+
+    def output_hw(self, height: int, width: int) -> tuple[int, int]:
+        """(height, width) of a height x width picture once preprocessed (`resized_hw`, or as it is without
+        do_resize), from its size alone."""
+        return self.resized_hw(height, width) if self.do_resize else (height, width)
 
     def resized_hw(self, height: int, width: int) -> tuple[int, int]:
         """(height, width) of a height x width picture after resizing: shrunk (never grown) to fit `max_hw`,
@@ -214,9 +180,7 @@ def image_layout(rows: int, cols: int, image_id: int, break_id: int, end_id: int
     """Token ids [rows * (cols + 1)] of a picture of rows x cols image tokens: each row's image tokens then a
     break, the last break being the end token."""
     if rows < 1 or cols < 1:
-        raise ValueError(
-            f"a picture has at least one row and one column of image tokens, got {rows} x {cols}"
-        )
+        raise ValueError(f"a picture has at least one row and one column of image tokens, got {rows} x {cols}")
     row = torch.tensor([image_id] * cols + [break_id], dtype=torch.long)
     ids = row.repeat(rows)
     ids[-1] = end_id
@@ -225,12 +189,10 @@ def image_layout(rows: int, cols: int, image_id: int, break_id: int, end_id: int
 
 def _parse_size(size: Any, source: str) -> tuple[int, int]:
     if isinstance(size, dict) and size.get("longest_edge") is not None:
-        edge = _positive_int(size["longest_edge"], "size.longest_edge", source)
+        edge = positive_int(size["longest_edge"], "size.longest_edge", source)
         return edge, edge
     if isinstance(size, dict) and size.get("height") is not None and size.get("width") is not None:
-        return _positive_int(size["height"], "size.height", source), _positive_int(
-            size["width"], "size.width", source
-        )
+        return positive_int(size["height"], "size.height", source), positive_int(size["width"], "size.width", source)
     raise ValueError(
         f"{source}: size={size!r} is not supported; use {{'longest_edge': N}} or {{'height': H, 'width': W}}"
     )
@@ -240,8 +202,8 @@ def _parse_patch(patch: Any, source: str) -> int:
     if isinstance(patch, dict) and set(patch) == {"height", "width"}:
         if patch["height"] != patch["width"]:
             raise ValueError(f"{source}: patch_size={patch!r} is not square; Pixtral patches are square")
-        return _positive_int(patch["height"], "patch_size.height", source)
-    return _positive_int(patch, "patch_size", source)
+        return positive_int(patch["height"], "patch_size.height", source)
+    return positive_int(patch, "patch_size", source)
 
 
 def _stated_patch(processor: dict[str, Any]) -> int | None:
@@ -251,8 +213,8 @@ def _stated_patch(processor: dict[str, Any]) -> int | None:
     if patch is None and merge is None:
         return None
     source = PROCESSOR_CONFIG_NAME
-    patch = 16 if patch is None else _positive_int(patch, "patch_size", source)
-    return patch * (1 if merge is None else _positive_int(merge, "spatial_merge_size", source))
+    patch = 16 if patch is None else positive_int(patch, "patch_size", source)
+    return patch * (1 if merge is None else positive_int(merge, "spatial_merge_size", source))
 
 
 def _token(processor: dict[str, Any], key: str, default: str) -> str:

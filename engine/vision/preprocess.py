@@ -10,24 +10,25 @@ in float64 then cast to float32, normalise in float32), so pixel values agree wi
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from PIL import Image
 
-from engine.errors import CorruptFileError, MissingFileError
-from engine.vision.image import to_rgb
+from engine.vision.options import (
+    bool_option,
+    positive_float,
+    positive_int,
+    read_processor_config,
+    resample_code,
+    three_numbers,
+)
+from engine.vision.pixels import normalised, rgb_for_model
 
 logger = logging.getLogger(__name__)
-
-CONFIG_NAME = "preprocessor_config.json"
-# Newer transformers save every sub-processor of a model into one file, the image one under this key.
-PROCESSOR_CONFIG_NAME = "processor_config.json"
 
 _OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -126,7 +127,6 @@ _IGNORED = (
     "image_seq_length",
     "pad_size",
 )
-_PIL_RESAMPLE_CODES = {int(r): r.name.lower() for r in Image.Resampling}
 
 
 @dataclass(frozen=True)
@@ -155,24 +155,8 @@ class ImageProcessor:
     @classmethod
     def from_folder(cls, folder: str | Path) -> ImageProcessor:
         """Read the image processor config of a Hugging Face model folder."""
-        folder = Path(folder)
-        if not folder.is_dir():
-            raise MissingFileError(f"model folder {folder} does not exist: check the path")
-        nested = folder / PROCESSOR_CONFIG_NAME
-        if nested.is_file():
-            combined = _read_json(nested)
-            if isinstance(combined.get("image_processor"), dict):
-                return cls.from_dict(combined["image_processor"], source=str(nested))
-        path = folder / CONFIG_NAME
-        if not path.is_file():
-            raise MissingFileError(
-                f"{folder} has no {CONFIG_NAME}, so its images cannot be prepared for the vision tower: "
-                f"copy {CONFIG_NAME} from the model's original repository into the folder"
-            )
-        config = _read_json(path)
-        if isinstance(config.get("image_processor"), dict):
-            config = config["image_processor"]
-        return cls.from_dict(config, source=str(path))
+        config, source, _ = read_processor_config(folder, "prepared for the vision tower")
+        return cls.from_dict(config, source=source)
 
     @classmethod
     def from_dict(cls, config: dict[str, Any], *, source: str = "the processor config") -> ImageProcessor:
@@ -216,11 +200,11 @@ class ImageProcessor:
         opts = {key: config.get(key) for key in _DEFAULTS[kind]}
         opts = {key: (value if value is not None else _DEFAULTS[kind][key]) for key, value in opts.items()}
 
-        do_resize = _bool(opts, "do_resize", source)
+        do_resize = bool_option(opts, "do_resize", source)
         shortest_edge, resize_hw = None, None
         if do_resize:
             shortest_edge, resize_hw = _parse_size(opts["size"], bool(opts["default_to_square"]), source)
-        do_center_crop = _bool(opts, "do_center_crop", source)
+        do_center_crop = bool_option(opts, "do_center_crop", source)
         crop_hw = None
         if do_center_crop:
             if opts["crop_size"] is None:
@@ -231,15 +215,15 @@ class ImageProcessor:
             do_resize=do_resize,
             shortest_edge=shortest_edge,
             resize_hw=resize_hw,
-            resample=_parse_resample(opts["resample"], source),
+            resample=resample_code(opts["resample"], source),
             do_center_crop=do_center_crop,
             crop_hw=crop_hw,
-            do_rescale=_bool(opts, "do_rescale", source),
-            rescale_factor=_positive_float(opts["rescale_factor"], "rescale_factor", source),
-            do_normalize=_bool(opts, "do_normalize", source),
-            image_mean=_three(opts["image_mean"], "image_mean", source, positive=False),
-            image_std=_three(opts["image_std"], "image_std", source, positive=True),
-            do_convert_rgb=_bool(opts, "do_convert_rgb", source),
+            do_rescale=bool_option(opts, "do_rescale", source),
+            rescale_factor=positive_float(opts["rescale_factor"], "rescale_factor", source),
+            do_normalize=bool_option(opts, "do_normalize", source),
+            image_mean=three_numbers(opts["image_mean"], "image_mean", source, positive=False),
+            image_std=three_numbers(opts["image_std"], "image_std", source, positive=True),
+            do_convert_rgb=bool_option(opts, "do_convert_rgb", source),
         )
 
     @property
@@ -258,27 +242,14 @@ class ImageProcessor:
                 f"ImageProcessor takes a PIL.Image.Image, got {type(image).__name__}; "
                 "decode files and bytes with engine.vision.image.load_image first"
             )
-        # The vision tower takes 3 channels whatever the flag says; without do_convert_rgb the alpha
-        # channel is dropped rather than composited, which is Pillow's plain conversion.
-        if self.do_convert_rgb and (image.mode != "RGB" or "transparency" in image.info):
-            image = to_rgb(image)
-        elif not self.do_convert_rgb and image.mode != "RGB":
-            image = image.convert("RGB")
+        # The vision tower takes 3 channels whatever the flag says.
+        image = rgb_for_model(image, self.do_convert_rgb)
         if self.do_resize:
             height, width = self._resized_hw(image.height, image.width)
             image = image.resize((width, height), resample=self.resample)
         if self.do_center_crop:
             image = _center_crop(image, self.crop_hw)
-        pixels = np.asarray(image)  # [H, W, 3] uint8
-        if self.do_rescale:
-            # float64 product then float32, the order transformers uses, so the values agree to the last bit.
-            pixels = (pixels.astype(np.float64) * self.rescale_factor).astype(np.float32)
-        values = torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32))  # [H, W, 3]
-        if self.do_normalize:
-            mean = torch.tensor(self.image_mean, dtype=torch.float32)
-            std = torch.tensor(self.image_std, dtype=torch.float32)
-            values = (values - mean) / std
-        return values.permute(2, 0, 1).contiguous()  # [3, H, W]
+        return normalised(image, self)  # [3, H, W]
 
     def batch(self, images: list[Image.Image]) -> torch.Tensor:
         """Preprocess several images into one [N, 3, H, W] float32 tensor (all must end the same size)."""
@@ -314,49 +285,19 @@ def _center_crop(image: Image.Image, crop_hw: tuple[int, int]) -> Image.Image:
     return image.crop((left, top, left + crop_width, top + crop_height))
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptFileError(f"{path} is not valid JSON ({exc}): re-download it") from None
-    if not isinstance(config, dict):
-        found = type(config).__name__
-        raise CorruptFileError(f"{path} should hold a JSON object, found {found}: re-download it")
-    return config
-
-
-def _bool(opts: dict[str, Any], key: str, source: str) -> bool:
-    value = opts[key]
-    if not isinstance(value, bool):
-        raise ValueError(f"{source}: {key} should be true or false, got {value!r}")
-    return value
-
-
-def _positive_int(value: Any, key: str, source: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{source}: {key} should be a positive whole number of pixels, got {value!r}")
-    return value
-
-
-def _positive_float(value: Any, key: str, source: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{source}: {key} should be a positive number, got {value!r}")
-    return float(value)
-
-
 def _parse_size(size: Any, default_to_square: bool, source: str) -> tuple[int | None, tuple[int, int] | None]:
     """`size` as (shortest_edge, None) or (None, (height, width)), read the way transformers reads it."""
     if isinstance(size, int) and not isinstance(size, bool):
         # A bare number means a square when default_to_square, else the shortest edge.
-        side = _positive_int(size, "size", source)
+        side = positive_int(size, "size", source)
         return (None, (side, side)) if default_to_square else (side, None)
     if isinstance(size, (list, tuple)) and len(size) == 2:
-        return None, (_positive_int(size[0], "size[0]", source), _positive_int(size[1], "size[1]", source))
+        return None, (positive_int(size[0], "size[0]", source), positive_int(size[1], "size[1]", source))
     if isinstance(size, dict) and set(size) == {"shortest_edge"}:
-        return _positive_int(size["shortest_edge"], "size.shortest_edge", source), None
+        return positive_int(size["shortest_edge"], "size.shortest_edge", source), None
     if isinstance(size, dict) and set(size) == {"height", "width"}:
-        height = _positive_int(size["height"], "size.height", source)
-        return None, (height, _positive_int(size["width"], "size.width", source))
+        height = positive_int(size["height"], "size.height", source)
+        return None, (height, positive_int(size["width"], "size.width", source))
     raise ValueError(
         f"{source}: size={size!r} is not supported; use {{'shortest_edge': N}} or {{'height': H, 'width': W}}"
     )
@@ -364,33 +305,13 @@ def _parse_size(size: Any, default_to_square: bool, source: str) -> tuple[int | 
 
 def _parse_crop(crop: Any, source: str) -> tuple[int, int]:
     if isinstance(crop, int) and not isinstance(crop, bool):
-        side = _positive_int(crop, "crop_size", source)
+        side = positive_int(crop, "crop_size", source)
         return side, side
     if isinstance(crop, (list, tuple)) and len(crop) == 2:
-        return _positive_int(crop[0], "crop_size[0]", source), _positive_int(crop[1], "crop_size[1]", source)
+        return positive_int(crop[0], "crop_size[0]", source), positive_int(crop[1], "crop_size[1]", source)
     if isinstance(crop, dict) and set(crop) == {"height", "width"}:
         return (
-            _positive_int(crop["height"], "crop_size.height", source),
-            _positive_int(crop["width"], "crop_size.width", source),
+            positive_int(crop["height"], "crop_size.height", source),
+            positive_int(crop["width"], "crop_size.width", source),
         )
     raise ValueError(f"{source}: crop_size={crop!r} is not supported; use {{'height': H, 'width': W}}")
-
-
-def _parse_resample(value: Any, source: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value not in _PIL_RESAMPLE_CODES:
-        codes = ", ".join(f"{code} ({name})" for code, name in sorted(_PIL_RESAMPLE_CODES.items()))
-        raise ValueError(f"{source}: resample={value!r} is not a PIL resampling code; use one of {codes}")
-    return int(value)
-
-
-def _three(value: Any, key: str, source: str, *, positive: bool) -> tuple[float, float, float]:
-    numbers = [value] * 3 if isinstance(value, (int, float)) and not isinstance(value, bool) else value
-    if (
-        not isinstance(numbers, (list, tuple))
-        or len(numbers) != 3
-        or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in numbers)
-        or (positive and not all(x > 0 for x in numbers))
-    ):
-        need = "three positive numbers" if positive else "three numbers"
-        raise ValueError(f"{source}: {key} should be one number or {need} (R, G, B), got {value!r}")
-    return float(numbers[0]), float(numbers[1]), float(numbers[2])

@@ -24,22 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from PIL import Image
 
-from engine.errors import ImageError, MissingFileError
-from engine.vision.image import to_rgb
-from engine.vision.preprocess import (
-    CONFIG_NAME,
-    PROCESSOR_CONFIG_NAME,
-    _bool,
-    _parse_resample,
-    _positive_float,
-    _positive_int,
-    _read_json,
-    _three,
+from engine.errors import ImageError
+from engine.vision.options import (
+    bool_option,
+    positive_float,
+    positive_int,
+    processor_options,
+    read_processor_config,
+    resample_code,
+    three_numbers,
 )
+from engine.vision.pixels import normalised, rgb_for_model
 
 logger = logging.getLogger(__name__)
 
@@ -124,21 +122,8 @@ class Qwen2VLImageProcessor:
     def from_folder(cls, folder: str | Path) -> Qwen2VLImageProcessor:
         """Read the image processor config of a Hugging Face model folder (preprocessor_config.json, or the
         `image_processor` section of processor_config.json)."""
-        folder = Path(folder)
-        if not folder.is_dir():
-            raise MissingFileError(f"model folder {folder} does not exist: check the path")
-        nested = folder / PROCESSOR_CONFIG_NAME
-        if nested.is_file():
-            combined = _read_json(nested)
-            if isinstance(combined.get("image_processor"), dict):
-                return cls.from_dict(combined["image_processor"], source=str(nested))
-        path = folder / CONFIG_NAME
-        if not path.is_file():
-            raise MissingFileError(
-                f"{folder} has no {CONFIG_NAME}, so its images cannot be prepared for the vision model: copy "
-                f"{CONFIG_NAME} from the model's original repository into the folder"
-            )
-        return cls.from_dict(_read_json(path), source=str(path))
+        config, source, _ = read_processor_config(folder, "prepared for the vision model")
+        return cls.from_dict(config, source=source)
 
     @classmethod
     def from_dict(cls, config: dict[str, Any], *, source: str = "the processor config") -> Qwen2VLImageProcessor:
@@ -148,21 +133,7 @@ class Qwen2VLImageProcessor:
         `min_pixels` / `max_pixels`, as released Qwen2-VL configs write them, take precedence (transformers'
         rule).
         """
-        if not isinstance(config, dict):
-            raise ValueError(f"{source} should be a JSON object of options, got {type(config).__name__}")
-        class_name = config.get("image_processor_type")
-        if class_name is not None and class_name not in _KINDS:
-            raise ValueError(
-                f"{source}: image_processor_type {class_name!r} is not a Qwen2-VL image processor; expected one "
-                f"of {', '.join(sorted(_KINDS))}"
-            )
-        unknown = sorted(set(config) - set(_DEFAULTS) - set(_IGNORED))
-        if unknown:
-            logger.debug("%s: ignoring keys %s", source, unknown)
-        if config.get("data_format") not in (None, "channels_first"):
-            raise ValueError(f"{source}: data_format={config['data_format']!r} is not supported; use 'channels_first'")
-        # None in a config means "use the class default", as transformers treats it.
-        opts = {key: _DEFAULTS[key] if config.get(key) is None else config[key] for key in _DEFAULTS}
+        opts = processor_options(config, source, family="Qwen2-VL", kinds=_KINDS, defaults=_DEFAULTS, ignored=_IGNORED)
         size = opts["size"]
         if not isinstance(size, dict) or not {"shortest_edge", "longest_edge"} <= set(size):
             raise ValueError(
@@ -171,24 +142,24 @@ class Qwen2VLImageProcessor:
             )
         min_pixels = config["min_pixels"] if config.get("min_pixels") is not None else size["shortest_edge"]
         max_pixels = config["max_pixels"] if config.get("max_pixels") is not None else size["longest_edge"]
-        min_pixels = _positive_int(min_pixels, "min_pixels (size.shortest_edge)", source)
-        max_pixels = _positive_int(max_pixels, "max_pixels (size.longest_edge)", source)
+        min_pixels = positive_int(min_pixels, "min_pixels (size.shortest_edge)", source)
+        max_pixels = positive_int(max_pixels, "max_pixels (size.longest_edge)", source)
         if min_pixels > max_pixels:
             raise ValueError(f"{source}: min_pixels {min_pixels} is larger than max_pixels {max_pixels}")
         return cls(
-            do_convert_rgb=_bool(opts, "do_convert_rgb", source),
-            do_resize=_bool(opts, "do_resize", source),
+            do_convert_rgb=bool_option(opts, "do_convert_rgb", source),
+            do_resize=bool_option(opts, "do_resize", source),
             min_pixels=min_pixels,
             max_pixels=max_pixels,
-            resample=_parse_resample(opts["resample"], source),
-            do_rescale=_bool(opts, "do_rescale", source),
-            rescale_factor=_positive_float(opts["rescale_factor"], "rescale_factor", source),
-            do_normalize=_bool(opts, "do_normalize", source),
-            image_mean=_three(opts["image_mean"], "image_mean", source, positive=False),
-            image_std=_three(opts["image_std"], "image_std", source, positive=True),
-            patch_size=_positive_int(opts["patch_size"], "patch_size", source),
-            temporal_patch_size=_positive_int(opts["temporal_patch_size"], "temporal_patch_size", source),
-            merge_size=_positive_int(opts["merge_size"], "merge_size", source),
+            resample=resample_code(opts["resample"], source),
+            do_rescale=bool_option(opts, "do_rescale", source),
+            rescale_factor=positive_float(opts["rescale_factor"], "rescale_factor", source),
+            do_normalize=bool_option(opts, "do_normalize", source),
+            image_mean=three_numbers(opts["image_mean"], "image_mean", source, positive=False),
+            image_std=three_numbers(opts["image_std"], "image_std", source, positive=True),
+            patch_size=positive_int(opts["patch_size"], "patch_size", source),
+            temporal_patch_size=positive_int(opts["temporal_patch_size"], "temporal_patch_size", source),
+            merge_size=positive_int(opts["merge_size"], "merge_size", source),
         )
 
     @property
@@ -202,6 +173,21 @@ class Qwen2VLImageProcessor:
             return height, width
         return smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
 
+    def output_hw(self, height: int, width: int) -> tuple[int, int]:
+        """(height, width) of a height x width image as the vision model takes it: whole merged blocks."""
+        height, width = self.resized_hw(height, width)
+        if height % self.factor or width % self.factor:
+            raise ImageError(
+                f"the image is {width}x{height} pixels but Qwen2-VL needs sides that are multiples of {self.factor} "
+                "(patch_size * merge_size); turn do_resize on in preprocessor_config.json or resize the image"
+            )
+        return height, width
+
+    def grid_thw(self, height: int, width: int) -> tuple[int, int, int]:
+        """The patch grid (t, h, w) of a height x width image, from its size alone (what `__call__` gives)."""
+        height, width = self.output_hw(height, width)
+        return 1, height // self.patch_size, width // self.patch_size
+
     def __call__(self, image: Image.Image) -> PatchedImage:
         """Preprocess one image into its patches and grid."""
         if not isinstance(image, Image.Image):
@@ -209,26 +195,11 @@ class Qwen2VLImageProcessor:
                 f"Qwen2VLImageProcessor takes a PIL.Image.Image, got {type(image).__name__}; "
                 "decode files and bytes with engine.vision.image.load_image first"
             )
-        if self.do_convert_rgb and (image.mode != "RGB" or "transparency" in image.info):
-            image = to_rgb(image)
-        elif image.mode != "RGB":
-            image = image.convert("RGB")  # the vision model takes 3 channels whatever the flag says
-        height, width = self.resized_hw(image.height, image.width)
-        if height % self.factor or width % self.factor:
-            raise ImageError(
-                f"the image is {width}x{height} pixels but Qwen2-VL needs sides that are multiples of {self.factor} "
-                "(patch_size * merge_size); turn do_resize on in preprocessor_config.json or resize the image"
-            )
+        image = rgb_for_model(image, self.do_convert_rgb)  # the vision model takes 3 channels whatever the flag says
+        height, width = self.output_hw(image.height, image.width)
         if (height, width) != (image.height, image.width):
             image = image.resize((width, height), resample=self.resample)
-        pixels = np.asarray(image)  # [H, W, 3] uint8
-        if self.do_rescale:
-            # float64 product then float32, the order transformers uses, so the values agree to the last bit.
-            pixels = (pixels.astype(np.float64) * self.rescale_factor).astype(np.float32)
-        values = torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32))  # [H, W, 3]
-        if self.do_normalize:
-            values = (values - torch.tensor(self.image_mean)) / torch.tensor(self.image_std)
-        return self._patchify(values.permute(2, 0, 1))
+        return self._patchify(normalised(image, self))
 
     def _patchify(self, values: torch.Tensor) -> PatchedImage:
         """[C, H, W] -> the flattened patch rows described in the module docstring."""

@@ -111,3 +111,13 @@ def config_value(d: dict[str, Any], key: str, default: Any, cast: Callable[[Any]
         return cast(value)
     except (TypeError, ValueError):
         raise ModelLoadError(f"config.json has {key}={value!r}, which is not a valid {cast.__name__}.") from None
+
+
+def config_int(d: dict[str, Any], key: str, default: int) -> int:
+    """`d[key]` as a whole number (a token id, a count), or `default` when absent or null; no other type passes."""
+    value = d.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ModelLoadError(f"config.json {key} must be an integer, got {value!r}")
+    return value

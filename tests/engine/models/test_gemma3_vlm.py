@@ -1,6 +1,7 @@
 """Gemma 3 with images (Gemma3ForConditionalGeneration) against transformers: pixels, image features, logits and
 greedy tokens of image+text prompts with the image tokens attending to each other both ways, the chat
-template's image text, image jobs in the DynamicGenerator (two images, chunk limits, shared images)."""
+template's image text, image jobs in the DynamicGenerator (two images, chunk limits, shared images), and counting
+an image's ids and its chat's length without the vision tower (square, wide, tall and tiny pictures)."""
 
 from __future__ import annotations
 
@@ -578,3 +579,20 @@ def test_bad_configs_are_named(folder, tmp_path, changes, error, message):
     _edited(folder, tmp_path, **changes)
     with pytest.raises(error, match=message):
         Model.load(tmp_path, dtype=torch.float32)
+
+
+# --- counting an image's tokens for the context meter --------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [(40, 30), (7, 90), (300, 200), (32, 32)])
+def test_image_token_count_needs_no_vision_tower(folder, ours, size):
+    # A model built without weights and without its vision tower counts what the real one embeds.
+    with torch.device("meta"):
+        bare = Gemma3ForConditionalGeneration(ModelConfig.from_file(folder / "config.json"))
+    bare.source_path, bare.vision_tower = folder, None
+    image = picture("red", size=size)
+    real = ours.vision.get_image_embeddings(image=image)
+    assert bare.vision.count_image_tokens(image) == real.num_tokens == MM_TOKENS + 2
+    # The stand-in renders with the same blank lines around it, so the chat has the real one's length.
+    stand_in = bare.vision.stand_in(image)
+    assert len(chat_ids(ours, message("hi", 1), [stand_in])) == len(chat_ids(ours, message("hi", 1), [real]))

@@ -1,6 +1,7 @@
 """Idefics3 and SmolVLM against transformers: tiles and image features, prompt ids and logits of chat prompts
 with split images, greedy tokens through DynamicGenerator, two images in one message, the same image in two
-concurrent jobs, and config / checkpoint errors."""
+concurrent jobs, config / checkpoint errors, and counting a picture's ids (tiles, global image, markers) without the
+vision tower, against transformers' processor's prompt length (pictures cut and uncut, thin, large)."""
 
 from __future__ import annotations
 
@@ -405,3 +406,26 @@ def test_config_without_text_config_takes_transformers_defaults():
 def test_unsupported_vision_language_architecture_is_named():
     with pytest.raises(UnsupportedArchitectureError, match="'Idefics2ForConditionalGeneration'"):
         model_class("Idefics2ForConditionalGeneration")
+
+
+# --- counting an image's tokens for the context meter --------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [(61, 40), (20, 14), (7, 90), (120, 80), (24, 24)])
+def test_image_token_count_needs_no_vision_tower(pair, size):
+    # A model built without weights and without its vision tower counts what the real one embeds: its tiles,
+    # the global image and every marker token, from the picture's size and the tokenizer.
+    _, _, processor, ours, folder = pair
+    with torch.device("meta"):
+        bare = Idefics3ForConditionalGeneration(ModelConfig.from_file(folder / "config.json"))
+    bare.source_path, bare.vision_tower = folder, None
+    image = picture(size, "red", 3)
+    assert bare.vision.count_image_tokens(image) == ours.vision.get_image_embeddings(image=image).num_tokens
+    # A chat rendered around the stand-in is as long as transformers' processor makes it.
+    messages, tok = _messages(None, "what colour is the circle?"), ours.tokenizer
+    stand_in = bare.vision.stand_in(image)
+    text = render_with_images(
+        ChatTemplate.from_tokenizer(tok), messages, [stand_in], placeholder=ours.vision.image_placeholder
+    )
+    ids = tok.encode(text, encode_special_tokens=True, embeddings=[stand_in])[0]
+    assert len(ids) == _reference(processor, messages, [image])["input_ids"].shape[-1]

@@ -1,5 +1,7 @@
 """LLaVA (CLIP and SigLIP towers, Llama text model) against transformers: image features, logits of an
-image+text prompt over the paged cache, greedy tokens; checkpoint layouts and config handling."""
+image+text prompt over the paged cache, greedy tokens; checkpoint layouts and config handling; counting an
+image's ids without the vision tower (pictures of several sizes and shapes, counted by a model built with no
+weights and no tower)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from engine.errors import ModelLoadError, UnsupportedArchitectureError
 from engine.models import Batch, Model
 from engine.models.llava import LlavaForConditionalGeneration
 from engine.models.vision import vision_of
+from engine.tokenizer import Tokenizer
 
 VOCAB = 211
 IMAGE_ID = VOCAB - 1
@@ -317,3 +320,20 @@ def test_empty_llava_config_is_llava_1_5():
 
 def test_text_only_models_have_no_vision(tiny_model):
     assert vision_of(tiny_model) is None
+
+
+@pytest.mark.parametrize("size", [(28, 28), (40, 30), (7, 90), (300, 200)])
+def test_image_token_count_needs_no_vision_tower(pair, tiny_llava_folder, size):
+    # Every picture takes tokens_per_image ids; a model built without weights or vision tower says so.
+    _, _, ours, folder = pair
+    with torch.device("meta"):
+        bare = LlavaForConditionalGeneration(ModelConfig.from_file(folder / "config.json"))
+    bare.source_path, bare.vision_tower = folder, None
+    image = Image.new("RGB", size, "red")
+    real = ours.vision.get_image_embeddings(image=image)
+    assert bare.vision.count_image_tokens(image) == real.num_tokens == TOKENS_PER_IMAGE[pair[0]]
+    # A prompt encoded around the stand-in is as long as around the real embedding.
+    tokenizer = Tokenizer.load(tiny_llava_folder)
+    stand_in = bare.vision.stand_in(image)
+    lengths = [len(tokenizer.encode(f"look: {e.text_alias} what?", embeddings=[e])[0]) for e in (stand_in, real)]
+    assert lengths[0] == lengths[1]

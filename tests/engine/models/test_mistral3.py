@@ -1,7 +1,8 @@
 """Mistral 3 and Pixtral-12B (LLaVA with a Pixtral encoder) against transformers: pixel values and image
 features of pictures of varied sizes, prompt ids and logits of chat prompts with one and two pictures, the
-image rows, greedy tokens through DynamicGenerator, the same picture in two concurrent jobs, and config /
-checkpoint handling."""
+image rows, greedy tokens through DynamicGenerator, the same picture in two concurrent jobs, config / checkpoint
+handling, and counting a picture's ids (breaks and end included) without the vision tower, against the reference
+prompt's length (pictures shrunk, grown, a 100 x 9 sliver, a thin tall one)."""
 
 from __future__ import annotations
 
@@ -233,9 +234,7 @@ def _hf_features(hf, ref) -> torch.Tensor:
 
 def test_structure(pair):
     name, hf, _, ours, _ = pair
-    expected = (
-        Mistral3ForConditionalGeneration if name == "mistral3" else PixtralLlavaForConditionalGeneration
-    )
+    expected = Mistral3ForConditionalGeneration if name == "mistral3" else PixtralLlavaForConditionalGeneration
     assert type(ours) is expected
     assert ours.config.architecture == hf.config.architectures[0]
     assert vision_of(ours) is ours.vision is ours.vision_model
@@ -294,9 +293,7 @@ def test_image_rows_are_the_transformers_input_embeddings(pair, tmp_path):
         )
         assert emb.text_alias == "<p>" and emb.embeddings.dtype == ours.dtype
         assert emb.num_tokens == 4 * 7  # 4 rows of 6 image tokens and a break (the last one the end)
-        torch.testing.assert_close(
-            emb.embeddings, embeds[start : start + emb.num_tokens], atol=1e-5, rtol=1e-5
-        )
+        torch.testing.assert_close(emb.embeddings, embeds[start : start + emb.num_tokens], atol=1e-5, rtol=1e-5)
     assert ours.vision.get_image_embeddings(image=BIG.copy()).first_id == emb.first_id
     assert ours.vision.get_image_embeddings(image=SMALL).first_id != emb.first_id
     with pytest.raises(ValueError, match="image="):
@@ -304,9 +301,7 @@ def test_image_rows_are_the_transformers_input_embeddings(pair, tmp_path):
 
 
 def make_gen(model, pages=64, page_size=8):
-    return DynamicGenerator(
-        model, Cache(model, max_seq_len=pages * page_size, page_size=page_size), model.tokenizer
-    )
+    return DynamicGenerator(model, Cache(model, max_seq_len=pages * page_size, page_size=page_size), model.tokenizer)
 
 
 def run(gen, jobs):
@@ -327,9 +322,7 @@ def test_image_job_matches_transformers_greedy(pair, images):
     name, hf, tools, ours, _ = pair
     messages = _messages(*([None] * len(images)), "describe the picture")
     ids, embeddings = _ours(ours, messages, images)
-    job = DynamicJob(
-        ids[None], 32, gen_settings=SamplerSettings.greedy(), identifier="a", embeddings=embeddings
-    )
+    job = DynamicJob(ids[None], 32, gen_settings=SamplerSettings.greedy(), identifier="a", embeddings=embeddings)
     got = tokens(run(make_gen(ours), [job])["a"])
     ref = _reference(name, tools, messages, images)
     with torch.no_grad():
@@ -342,18 +335,14 @@ def test_same_image_in_two_concurrent_jobs_is_computed_once(pair):
 
     def job(question, ident):
         ids, embeddings = _ours(ours, _messages(None, question), [BIG])
-        return DynamicJob(
-            ids[None], 4, gen_settings=SamplerSettings.greedy(), identifier=ident, embeddings=embeddings
-        )
+        return DynamicJob(ids[None], 4, gen_settings=SamplerSettings.greedy(), identifier=ident, embeddings=embeddings)
 
     first, second = job("what is it?", "first"), job("which colour?", "second")
     emb = first.embeddings[0]
     prefix = first.prompt_ids.index(emb.first_id) + emb.num_tokens
     both = run(make_gen(ours), [first, second])
     assert both["first"][-1]["cached_tokens"] == 0
-    assert (
-        both["second"][-1]["cached_tokens"] >= prefix
-    )  # the whole image run came from the first job's pages
+    assert both["second"][-1]["cached_tokens"] >= prefix  # the whole image run came from the first job's pages
     alone = run(make_gen(ours), [job("which colour?", "alone")])["alone"]
     assert tokens(both["second"]) == tokens(alone)
     alone_first = run(make_gen(ours), [job("what is it?", "alone")])["alone"]
@@ -512,10 +501,7 @@ def test_config_without_sub_configs_takes_mistral3_defaults():
     assert text.rope_theta == ref.text_config.rope_parameters["rope_theta"]
     assert text.rms_norm_eps == ref.text_config.rms_norm_eps
     assert text.sliding_window == ref.text_config.sliding_window
-    assert (
-        text.architecture == "Mistral3ForConditionalGeneration"
-        and text.text_architecture == "MistralForCausalLM"
-    )
+    assert text.architecture == "Mistral3ForConditionalGeneration" and text.text_architecture == "MistralForCausalLM"
     vision = model.vision_tower.config
     for field in (
         "hidden_size",
@@ -534,3 +520,26 @@ def test_config_without_sub_configs_takes_mistral3_defaults():
 
 def test_registry_knows_mistral3():
     assert model_class("Mistral3ForConditionalGeneration") is Mistral3ForConditionalGeneration
+
+
+# --- counting an image's tokens for the context meter --------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [(61, 40), (20, 14), (7, 90), (100, 9), (48, 48)])
+def test_image_token_count_needs_no_vision_tower(pair, size):
+    # A model built without weights and without its vision tower counts what the real one embeds: rows x
+    # (cols + 1) of the picture's resized token grid, breaks and end token included.
+    name, _, tools, ours, folder = pair
+    with torch.device("meta"):
+        bare = type(ours)(ModelConfig.from_file(folder / "config.json"))
+    bare.source_path, bare.vision_tower = folder, None
+    image = picture(size, "red", 3)
+    assert bare.vision.count_image_tokens(image) == ours.vision.get_image_embeddings(image=image).num_tokens
+    # A chat rendered around the stand-in is as long as the reference's prompt.
+    messages, tok = _messages(None, "what colour is the circle?"), ours.tokenizer
+    stand_in = bare.vision.stand_in(image)
+    text = render_with_images(
+        ChatTemplate.from_tokenizer(tok), messages, [stand_in], placeholder=ours.vision.image_placeholder
+    )
+    ids = tok.encode(text, encode_special_tokens=True, embeddings=[stand_in])[0]
+    assert len(ids) == _reference(name, tools, messages, [image])["input_ids"].shape[-1]

@@ -1,6 +1,7 @@
 """Qwen2-VL and Qwen2.5-VL against transformers: image features (2-D rotary ViT, windows, patch merger), M-RoPE
 positions (whole prompts, chunks, decode, cached prefixes), chat prompt ids, logits and greedy tokens of image+text
-prompts, and image jobs in the DynamicGenerator (two images, small chunks, shared images, prefix reuse)."""
+prompts, image jobs in the DynamicGenerator (two images, small chunks, shared images, prefix reuse), and counting an
+image's ids without the vision model (pictures under min_pixels, over max_pixels, tall, wide, EXIF-rotated)."""
 
 from __future__ import annotations
 
@@ -584,3 +585,41 @@ def test_vision_width_mismatch_is_named(folder, tmp_path, kind):
     _edited(folder, tmp_path, **{key: 48})
     with pytest.raises(ModelLoadError, match="rows of width 48 but the language model's hidden_size is 64"):
         Model.load(tmp_path, dtype=torch.float32)
+
+
+# --- counting an image's tokens for the context meter --------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [(40, 30), (23, 61), (160, 40), (9, 9), (300, 200)])
+def test_image_token_count_needs_no_vision_tower(folder, ours, size):
+    # A model built without weights and without its vision model counts what the real one embeds: one id per
+    # merged block of the picture's own grid (tiny pictures grown to min_pixels, big ones shrunk to max_pixels).
+    with torch.device("meta"):
+        bare = type(ours)(ModelConfig.from_file(folder / "config.json"))
+    bare.source_path, bare.visual = folder, None
+    image = picture("red", box=(1, 1, size[0] - 2, size[1] - 2), size=size)
+    real = ours.vision.get_image_embeddings(image=image)
+    assert bare.vision.count_image_tokens(image) == real.num_tokens
+    # The stand-in has the real one's grid and <|vision_start|> / <|vision_end|>: the chat has the same length.
+    stand_in = bare.vision.stand_in(image)
+    assert stand_in.grid_thw == real.grid_thw
+    assert len(chat_ids(ours, message("hi", 1), [stand_in])) == len(chat_ids(ours, message("hi", 1), [real]))
+
+
+def test_image_token_count_follows_the_exif_orientation(ours, tmp_path):
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored 60 x 20, shown (and embedded) 20 x 60
+    picture("red", box=(2, 2, 50, 15), size=(60, 20)).save(tmp_path / "photo.jpg", exif=exif)
+    real = ours.vision.get_image_embeddings(image=tmp_path / "photo.jpg")
+    assert real.grid_thw[1] > real.grid_thw[2]
+    assert ours.vision.count_image_tokens(tmp_path / "photo.jpg") == real.num_tokens
+    assert ours.vision.stand_in(tmp_path / "photo.jpg").grid_thw == real.grid_thw
+
+
+def test_stand_ins_of_two_pictures_count_a_chat_with_both(ours):
+    # Sizes that differ in their last digits: each stand-in keeps its own alias, so each counts at its own length.
+    images = [picture("red", size=(1200, 904)), picture("blue", size=(1200, 90))]
+    real = [ours.vision.get_image_embeddings(image=image) for image in images]
+    stand_ins = [ours.vision.stand_in(image) for image in images]
+    assert stand_ins[0].text_alias != stand_ins[1].text_alias
+    assert len(chat_ids(ours, message("hi", 2), stand_ins)) == len(chat_ids(ours, message("hi", 2), real))

@@ -1,4 +1,5 @@
-"""load_image on good, odd and bad inputs, and image_content_hash; every image is made here with Pillow."""
+"""load_image on good, odd and bad inputs, image_content_hash, and oriented_size (EXIF orientations 1 to 8, a
+declared-only canvas, empty bytes, non-images, a missing file); every image is made here with Pillow."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from PIL import Image, features
 
 from engine.errors import ImageError
-from engine.vision.image import image_content_hash, load_image, to_rgb
+from engine.vision.image import image_content_hash, load_image, oriented_size, to_rgb
 from engine.vision.preprocess import ImageProcessor
 
 
@@ -253,3 +254,23 @@ def test_content_hash_follows_pixels_not_encoding():
     # Same bytes, other shape: the size is part of the key.
     flat = Image.frombytes("RGB", (20, 30), original.tobytes())
     assert image_content_hash(flat) != image_content_hash(original)
+
+
+@pytest.mark.parametrize("orientation", [1, 3, 5, 6, 8])
+def test_oriented_size_is_the_loaded_size_without_decoding(orientation, tmp_path):
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # EXIF Orientation: 5 to 8 turn the picture a quarter
+    data = _encode(_noise(40, 30), "JPEG", exif=exif)
+    expected = load_image(data).size
+    assert expected == ((30, 40) if orientation >= 5 else (40, 30))
+    (tmp_path / "photo.jpg").write_bytes(data)
+    with Image.open(io.BytesIO(data)) as opened:
+        assert oriented_size(data) == oriented_size(tmp_path / "photo.jpg") == oriented_size(opened) == expected
+    # A canvas that is only declared (no pixel data to decode) still has its size.
+    assert oriented_size(_png_declaring(5000, 20)) == (5000, 20)
+
+
+def test_oriented_size_refuses_what_load_image_refuses(tmp_path):
+    for bad, message in ((b"", "empty"), (b"not an image", "not an image"), (tmp_path / "gone.png", "does not exist")):
+        with pytest.raises(ImageError, match=message):
+            oriented_size(bad)
