@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtWidgets import QApplication, QMessageBox
 
     from app.service import EngineService
+    from app.service.speculation import load_speculation
     from app.store import Store, StoreError
     from app.ui.first_run import ModelStartup
     from app.ui.main_window import MainWindow
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         except StoreError as e:
             QMessageBox.critical(None, "Tandem cannot open its data", str(e))
             return 1
-        service = EngineService()
+        service = EngineService(speculation=load_speculation(store))  # the model manager's saved choice
         window = MainWindow(store, service)
         window.show()
         QTimer.singleShot(0, lambda: log.info("window shown"))  # the first turn of the loop after show()

@@ -5,7 +5,9 @@
     worker: load the model, run the phases, write its measurements (and its own peak RSS) to a JSON file
 
 Each side runs in its own process so that its peak RSS is its own and neither warms the other's caches.
-Phases: single-stream decode, 16 concurrent jobs, a second chat turn over a long shared history vs cold.
+Phases: single-stream decode, 16 concurrent jobs, a second chat turn over a long shared history vs cold
+("core"); then, on our engine only, speculative decoding and constrained JSON output ("features", see
+engine/bench_features.py). `--only core` or `--only features` runs one group.
 """
 
 from __future__ import annotations
@@ -24,9 +26,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine import bench_features
+
 log = logging.getLogger("engine.bench")  # not __name__: the workers run this file as __main__
 
 DTYPES = ("bfloat16", "float16", "float32")
+GROUPS = ("all", "core", "features")
+DEFAULT_DRAFT_LAYERS = "8,16"
 ANSWER_TOKENS = 64  # length cap of the first chat turn's answer
 WARMUP_TOKENS = 4
 BUSY_WAIT_SHARE = 0.10  # above this share of time waiting for a CPU, the timings are called unreliable
@@ -86,6 +92,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="also time transformers generate() on the job mix as one padded batch (default: on)",
     )
+    parser.add_argument(
+        "--only",
+        choices=GROUPS,
+        default="all",
+        help="core: the comparison rows; features: speculation and constrained output on our engine only "
+        "(no transformers or llama.cpp run); all: both (the default)",
+    )
+    parser.add_argument(
+        "--draft-layers",
+        default=DEFAULT_DRAFT_LAYERS,
+        metavar="K,K",
+        help=f"self-speculation draft depths to time, comma-separated (default {DEFAULT_DRAFT_LAYERS}; "
+        "an empty string times none); depths the model does not have are skipped",
+    )
     parser.add_argument("--json", metavar="PATH", default=None, help="also write the measurements as JSON")
 
 
@@ -97,6 +117,28 @@ def _check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.new_tokens < 2:
         raise ValueError("--new-tokens must be >= 2: the decode rate is measured after the first token")
+    draft_layers(args)
+
+
+def draft_layers(args: argparse.Namespace) -> list[int]:
+    """The --draft-layers depths as ints (ValueError naming the bad part)."""
+    depths = []
+    for part in str(args.draft_layers).split(","):
+        if not part.strip():
+            continue
+        try:
+            depth = int(part)
+        except ValueError:
+            depth = 0
+        if depth < 1:
+            raise ValueError(f"--draft-layers takes positive layer counts such as 8,16; got {part.strip()!r}")
+        depths.append(depth)
+    return depths
+
+
+def _groups(args: argparse.Namespace) -> tuple[bool, bool]:
+    """(run the core phases, run the feature phases)."""
+    return args.only in ("all", "core"), args.only in ("all", "features")
 
 
 def _model_path(spec: str) -> Path:
@@ -151,7 +193,18 @@ def _history(tokenizer, target_tokens: int) -> list[dict]:
 
 
 def build_workload(tokenizer, args: argparse.Namespace) -> dict[str, Any]:
-    """Token ids every side runs: one single-stream prompt, the job mix, and the first chat turn."""
+    """Token ids every side runs: one single-stream prompt, the job mix, and the first chat turn; plus
+    the feature prompts ("features") when --only asks for them. Without the core group, only the latter."""
+    core, features = _groups(args)
+    workload: dict[str, Any] = {}
+    if features:
+        workload["features"] = bench_features.build_prompts(lambda messages: _chat_ids(tokenizer, messages))
+    if core:
+        workload.update(_core_workload(tokenizer, args))
+    return workload
+
+
+def _core_workload(tokenizer, args: argparse.Namespace) -> dict[str, Any]:
     n = args.jobs
     lo = min(32, args.max_prompt_tokens)
     lengths = [lo + (args.max_prompt_tokens - lo) * i // max(n - 1, 1) for i in range(n)]
@@ -219,18 +272,32 @@ def _best_of(n: int, fn) -> float:
 
 
 def _ours(cfg: dict[str, Any]) -> dict[str, Any]:
+    from engine.models import Model
+
+    out: dict[str, Any] = {"rss_after_import_mib": _peak_rss_mib()}
+    t = time.perf_counter()
+    model = Model.load(cfg["model"], device=cfg["device"], dtype=_torch_dtype(cfg["dtype"]))
+    out["load_s"] = time.perf_counter() - t
+    out["rss_after_load_mib"] = _peak_rss_mib()
+    if "single" in cfg["workload"]:
+        _ours_core(model, cfg, out)
+    if "features" in cfg["workload"]:
+        features = bench_features.measure(
+            model, cfg["workload"]["features"], cfg["new_tokens"], cfg["draft_layers"], SINGLE_RUNS
+        )
+        out.update(features)
+    out["peak_rss_mib"] = _peak_rss_mib()
+    return out
+
+
+def _ours_core(model, cfg: dict[str, Any], out: dict[str, Any]) -> None:
+    """Our side of the comparison phases, measurements into `out`."""
     from engine.cache import Cache
     from engine.generator.dynamic import DynamicGenerator
     from engine.generator.job import DynamicJob
     from engine.generator.sampler import SamplerSettings
-    from engine.models import Model
 
-    out: dict[str, Any] = {"rss_after_import_mib": _peak_rss_mib()}
     device, new, page = cfg["device"], cfg["new_tokens"], cfg["page_size"]
-    t = time.perf_counter()
-    model = Model.load(cfg["model"], device=device, dtype=_torch_dtype(cfg["dtype"]))
-    out["load_s"] = time.perf_counter() - t
-    out["rss_after_load_mib"] = _peak_rss_mib()
     tokenizer = model.tokenizer
 
     def generator(num_tokens_per_job: list[int]) -> DynamicGenerator:
@@ -295,8 +362,6 @@ def _ours(cfg: dict[str, Any]) -> dict[str, Any]:
         return drain(fresh, [job(turn2, 1)])[1]
 
     out["turn2_cold_ttft_s"] = _best_of(2, cold)
-    out["peak_rss_mib"] = _peak_rss_mib()
-    return out
 
 
 # ----------------------------------------------------------------------------------------------- transformers
@@ -475,6 +540,34 @@ def _run_side(side: str, cfg: dict[str, Any], tmp: Path) -> dict[str, Any] | Non
     return json.loads(out_path.read_text())
 
 
+def _run_other_sides(
+    args: argparse.Namespace,
+    path: Path,
+    cfg: dict[str, Any],
+    sides: dict[str, dict | None],
+    notes: list[str],
+    tmp: Path,
+) -> None:
+    """Run transformers and llama.cpp (where installed and wanted) after our side, noting what was skipped."""
+    cfg["turn2"] = sides["ours"]["turn2"]
+    if args.skip_transformers:
+        notes.append("transformers skipped (--skip-transformers).")
+    elif importlib.util.find_spec("transformers") is None:
+        notes.append("transformers is not installed (pip install transformers); our rows only.")
+    else:
+        sides["transformers"] = _run_side("transformers", cfg, tmp)
+        if sides["transformers"] is None:
+            notes.append("the transformers run failed; see the messages above.")
+    if path.suffix.lower() != ".gguf":
+        notes.append("llama-cpp-python rows skipped: the model is not a .gguf file.")
+    elif importlib.util.find_spec("llama_cpp") is None:
+        notes.append("llama-cpp-python is not installed; its rows are skipped.")
+    else:
+        sides["llama.cpp"] = _run_side("llama.cpp", cfg, tmp) or {}
+        if not sides["llama.cpp"]:
+            notes.append("the llama-cpp-python run failed; see the messages above.")
+
+
 # ----------------------------------------------------------------------------------------------- the table
 
 
@@ -498,6 +591,15 @@ def _verdict(ok: bool | None, detail: str) -> str:
 
 def build_rows(args: argparse.Namespace, workload: dict, sides: dict[str, dict | None]) -> list[dict[str, str]]:
     """The table: one dict per row with metric, one column per side, target and result."""
+    core, features = _groups(args)
+    rows = _core_rows(args, workload, sides) if core else []
+    if features:
+        columns = ["transformers", *(["llama.cpp"] if sides.get("llama.cpp") is not None else [])]
+        rows += bench_features.rows(sides.get("ours") or {}, args.new_tokens, _fmt, columns)
+    return rows
+
+
+def _core_rows(args: argparse.Namespace, workload: dict, sides: dict[str, dict | None]) -> list[dict[str, str]]:
     ours = sides.get("ours") or {}
     hf = sides.get("transformers") or {}
     cpp = sides.get("llama.cpp")
@@ -586,31 +688,20 @@ def run(args: argparse.Namespace) -> int:
         "page_size": args.page_size,
         "threads": args.threads,
         "hf_batched": args.hf_batched,
+        "draft_layers": draft_layers(args),
         "workload": workload,
     }
+    core, _ = _groups(args)
     notes = []
     sides: dict[str, dict | None] = {}
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
         sides["ours"] = _run_side("ours", cfg, Path(tmp))
         if sides["ours"] is None:
             return 1
-        cfg["turn2"] = sides["ours"]["turn2"]
-        if args.skip_transformers:
-            notes.append("transformers skipped (--skip-transformers).")
-        elif importlib.util.find_spec("transformers") is None:
-            notes.append("transformers is not installed (pip install transformers); our rows only.")
+        if not core:
+            notes.append("our engine's feature rows only (--only features).")
         else:
-            sides["transformers"] = _run_side("transformers", cfg, Path(tmp))
-            if sides["transformers"] is None:
-                notes.append("the transformers run failed; see the messages above.")
-        if path.suffix.lower() != ".gguf":
-            notes.append("llama-cpp-python rows skipped: the model is not a .gguf file.")
-        elif importlib.util.find_spec("llama_cpp") is None:
-            notes.append("llama-cpp-python is not installed; its rows are skipped.")
-        else:
-            sides["llama.cpp"] = _run_side("llama.cpp", cfg, Path(tmp)) or {}
-            if not sides["llama.cpp"]:
-                notes.append("the llama-cpp-python run failed; see the messages above.")
+            _run_other_sides(args, path, cfg, sides, notes, Path(tmp))
     hf = sides.get("transformers") or {}
     against = f" vs transformers {hf['version']}" if "version" in hf else ""
     print(
@@ -619,17 +710,29 @@ def run(args: argparse.Namespace) -> int:
     )
     rows = build_rows(args, workload, sides)
     print(format_table(rows))
-    notes += [
-        "Single-stream decode tok/s excludes the prompt: (new tokens - 1) / time from first to last token, "
-        f"best of {SINGLE_RUNS} runs.",
-        "Aggregate: all jobs' new tokens / wall time from enqueue to the last token (prefill included); "
-        "transformers' single-stream rate is the baseline the target is measured against.",
-        "Time to first token: wall time of a 1-token generation (best of 2 for cold). Second turn: turn 1 "
-        "(history + question, answer up to 64 tokens) ran in the same generator, then the next prompt "
-        "(history + answer + follow-up) reuses the cached tokens the engine reports.",
-        "Peak RSS: each side runs in its own process; the figure includes Python, torch and (for "
-        "transformers) its imports, loading transients, the model, the KV cache and activations.",
-    ]
+    if core:
+        notes += [
+            "Single-stream decode tok/s excludes the prompt: (new tokens - 1) / time from first to last token, "
+            f"best of {SINGLE_RUNS} runs.",
+            "Aggregate: all jobs' new tokens / wall time from enqueue to the last token (prefill included); "
+            "transformers' single-stream rate is the baseline the target is measured against.",
+            "Time to first token: wall time of a 1-token generation (best of 2 for cold). Second turn: turn 1 "
+            "(history + question, answer up to 64 tokens) ran in the same generator, then the next prompt "
+            "(history + answer + follow-up) reuses the cached tokens the engine reports.",
+            "Peak RSS: each side runs in its own process; the figure includes Python, torch and (for "
+            "transformers) its imports, loading transients, the model, the KV cache and activations.",
+        ]
+    if "features" in workload:
+        notes.append(
+            f"Speculation and JSON rows: decode tok/s as above, best of {SINGLE_RUNS} (JSON: of "
+            f"{max(SINGLE_RUNS, bench_features.MIN_JSON_RUNS)}), each run in a fresh "
+            "generator; acceptance = accepted / (accepted + rejected) drafted tokens. A self-speculation "
+            "draft is the model's own first k layers, final norm and head (engine/models/layer_skip.py). "
+            "The JSON overhead compares the filtered job with the same prompt decoded unconstrained for the "
+            "same number of tokens."
+        )
+        if bench_features.departed(sides["ours"]):
+            notes.append(bench_features.DEPARTS_NOTE)
     waits = {name: side.get("cpu_wait_share", math.nan) for name, side in sides.items() if side}
     busy = {name: w for name, w in waits.items() if w > BUSY_WAIT_SHARE}  # NaN compares False
     if busy:
@@ -642,13 +745,16 @@ def run(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"- {note}")
     if args.json:
-        prompts = {"single": len(workload["single"]), "jobs": [len(p) for p in workload["jobs"]]}
+        prompts = {"single": len(workload["single"]), "jobs": [len(p) for p in workload["jobs"]]} if core else {}
+        if "features" in workload:
+            prompts.update({f"{name}_feature": len(ids) for name, ids in workload["features"].items()})
         config = {
             **{k: v for k, v in cfg.items() if k not in ("workload", "turn2")},
             "prompt_tokens": prompts,
         }
         measured = {name: {k: v for k, v in (side or {}).items() if k != "turn2"} for name, side in sides.items()}
-        measured["ours"]["turn2_prompt_tokens"] = len(sides["ours"]["turn2"])
+        if core:
+            measured["ours"]["turn2_prompt_tokens"] = len(sides["ours"]["turn2"])
         Path(args.json).write_text(json.dumps({"config": config, "sides": measured, "rows": rows}, indent=1))
     return 0
 

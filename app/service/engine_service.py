@@ -8,6 +8,7 @@
     start_job(...) -> DynamicJobAsync  ------------------------------------->  iterate() (forward passes)
     async for result in job  <---------------------- call_soon_threadsafe ---  results
     await embed_images(paths) ----------------> vision worker: decode + vision tower (LRU per model)
+    set_speculation(s) -> task  -------------> draft + its cache (thread), then the same swap, same model
 
 Every signal is emitted on the GUI thread: worker threads hand their news to the event loop with
 call_soon_threadsafe, so no receiver ever runs on a worker thread and no forward pass runs on the GUI.
@@ -31,10 +32,12 @@ from PySide6.QtCore import QObject, Signal
 
 from app.service.catalog import DEMO_VISION_NAME, demo_vision_available, download_from_hub, model_display_name
 from app.service.images import IMAGE_CACHE_SIZE, EmbeddingCache, ImageSource, embed_all
+from app.service.speculation import Speculation, generator_arguments
 from engine import Cache, DynamicGeneratorAsync, DynamicJobAsync, Model, SamplerSettings, Tokenizer
 from engine.chat_template import ChatTemplate
 from engine.config import ModelConfig
 from engine.errors import ChatTemplateError, ModelLoadError
+from engine.generator.filters import JSONFilter
 from engine.loading.starter import fetch_starter, starter_path
 from engine.models.vision import vision_of
 from engine.vision.embedding import MMEmbedding
@@ -56,7 +59,9 @@ CONCURRENT_CHATS = 4
 _WEIGHTS_END = 0.9
 
 # Settings-dict keys that are not SamplerSettings fields; start_job takes them as arguments instead.
-JOB_KEYS = frozenset({"seed", "max_new_tokens"})
+JOB_KEYS = frozenset({"seed", "max_new_tokens", "json_mode"})
+# What "JSON mode" holds an answer to: one JSON object, any keys and values.
+JSON_MODE_SCHEMA = {"type": "object"}
 SAMPLER_KEYS = frozenset(f.name for f in dataclasses.fields(SamplerSettings))
 
 
@@ -189,8 +194,12 @@ class EngineService(QObject):
         dtype: torch.dtype | str | None = None,
         page_size: int = PAGE_SIZE,
         max_cache_tokens: int = MAX_CACHE_TOKENS,
+        speculation: Speculation | None = None,
     ):
         super().__init__(parent)
+        self._speculation = speculation or Speculation()
+        self._installed_speculation: Speculation | None = None  # what the serving generator was made with
+        self._json_filter: JSONFilter | None = None  # built on first use (llguidance compiles the grammar)
         self._device = torch.device(device) if device is not None else default_device()
         self._dtype = dtype
         self._page_size = page_size
@@ -252,6 +261,16 @@ class EngineService(QObject):
     @property
     def is_loaded(self) -> bool:
         return self._loaded is not None
+
+    @property
+    def speculation(self) -> Speculation:
+        """How the generator drafts tokens (set_speculation changes it)."""
+        return self._speculation
+
+    def speculation_status(self) -> str:
+        """What the serving generator does (with no model, the setting), e.g. "n-gram speculation"."""
+        serving = self._installed_speculation if self._loaded is not None else None
+        return (serving or self._speculation).describe(self.model)
 
     @property
     def is_loading(self) -> bool:
@@ -399,11 +418,64 @@ class EngineService(QObject):
             self._last_progress = value
             self.loading_progress.emit(value)
 
-    async def _install(self, loaded: _Loaded) -> None:
-        """Serve from `loaded` from now on; stop and close the previous model's generator."""
+    def set_speculation(self, speculation: Speculation) -> asyncio.Task[bool]:
+        """Use `speculation` from now on; returns a task, True once a generator with it serves.
+
+        With a model loaded, a new generator is made over the same model and cache (a draft model and its
+        cache are built on a worker thread first). Answers still running are stopped, as on a model switch,
+        since both generators would write into the one cache; what they wrote stays with their chats.
+        """
+        if self._closed:
+            raise RuntimeError("this EngineService is closed; create a new one to change its speculation")
+        if not isinstance(speculation, Speculation):
+            raise TypeError(f"set_speculation takes a Speculation, not {type(speculation).__name__}")
+        self._speculation = speculation
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called before the qasync loop runs: the task starts when it does
+            loop = asyncio.get_event_loop()
+        task = loop.create_task(self._respeculate(speculation))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _respeculate(self, speculation: Speculation) -> bool:
+        async with self._load_lock:  # never while a model is being swapped in
+            loaded = self._loaded
+            if loaded is None or self._closed or speculation != self._speculation:
+                return False  # nothing to rebuild, or a newer setting came meanwhile (its own task installs it)
+            if speculation == self._installed_speculation:
+                return True  # a model load since the change already used it
+            try:
+                kwargs = await _in_thread(generator_arguments, speculation, loaded.model, loaded.cache)
+            except Exception:  # e.g. no memory for the draft's cache: keep serving as before
+                log.exception("%s: could not set up %s", loaded.name, speculation.describe(loaded.model))
+                if speculation == self._speculation:
+                    self._speculation = self._installed_speculation or Speculation()
+                return False
+            if self._closed or self._loaded is not loaded or speculation != self._speculation:
+                return False
+            self._swap = asyncio.ensure_future(self._install(loaded, speculation, kwargs))
+            await asyncio.shield(self._swap)
+            log.info("%s: %s", loaded.name, self.speculation_status())
+            return True
+
+    async def _install(
+        self, loaded: _Loaded, speculation: Speculation | None = None, kwargs: dict[str, Any] | None = None
+    ) -> None:
+        """Serve from `loaded` (with `speculation`, the current setting by default, and its generator
+        arguments `kwargs` when already built); stop and close the previous generator."""
+        speculation = speculation or self._speculation
+        if kwargs is None:
+            try:
+                kwargs = await _in_thread(generator_arguments, speculation, loaded.model, loaded.cache)
+            except Exception:  # the model itself is fine: serve it without speculation rather than not at all
+                log.exception("%s: could not set up %s; decoding plainly", loaded.name, speculation.describe())
+                speculation, kwargs = Speculation(), {}
         generator = DynamicGeneratorAsync(
-            loaded.model, loaded.cache, loaded.tokenizer, max_seq_len=loaded.context_length
+            loaded.model, loaded.cache, loaded.tokenizer, max_seq_len=loaded.context_length, **kwargs
         )
+        self._installed_speculation = speculation
         old_generator, old_jobs = self._generator, list(self._jobs)
         # New jobs go to the new generator from here on, even while the old one is being stopped.
         self._loaded, self._generator, self._jobs = loaded, generator, weakref.WeakSet()
@@ -479,20 +551,25 @@ class EngineService(QObject):
         messages: Sequence[Mapping[str, Any]],
         system_prompt: str = "",
         images: Sequence[MMEmbedding] | None = None,
+        image_sources: Sequence[str | Path | bytes] | None = None,
     ) -> int:
         """Prompt length in tokens of `encode_chat(messages, system_prompt, images)`, for the context meter.
 
-        Image parts count as the model's tokens per image. With `images` None they are counted without
-        embedding them, so the meter never waits for the vision tower.
+        With `images` None the image parts are counted without embedding them, so the meter never waits for
+        the vision tower: from `image_sources` (the pictures in prompt order; only their headers are read)
+        each counts exactly what the model will give it (tiles, dynamic grids, row breaks and wrapper
+        tokens included), else as the model's nominal tokens per image.
         """
-        if images is None and count_images(messages):
+        wanted = count_images(messages)
+        if images is None and wanted:
             loaded = self._require_model()
-            per_image = int(getattr(loaded.model, "tokens_per_image", 1))
-            # Stand-ins with the right number of ids: only their length matters here (meta: no memory).
-            images = [
-                MMEmbedding(torch.empty(per_image, 1, device="meta"), f"count-{i}")
-                for i in range(count_images(messages))
-            ]
+            vision = getattr(loaded, "vision", None)
+            if image_sources is not None and len(image_sources) == wanted and vision is not None:
+                images = [vision.stand_in(source) for source in image_sources]
+            else:
+                per_image = int(getattr(loaded.model, "tokens_per_image", 1))
+                # Stand-ins with the right number of ids: only their length matters here (meta: no memory).
+                images = [MMEmbedding(torch.empty(per_image, 1, device="meta"), f"count-{i}") for i in range(wanted)]
         return int(self.encode_chat(messages, system_prompt, images).shape[-1])
 
     def start_job(
@@ -504,17 +581,26 @@ class EngineService(QObject):
         seed: int | None,
         identifier: object = None,
         embeddings: Sequence[MMEmbedding] | None = None,
+        json_mode: bool = False,
     ) -> DynamicJobAsync:
         """Queue a generation on the current model; iterate it with `async for` and stop it with `await job.cancel()`.
 
         Call from the event loop. `settings` is a settings dict (see `sampler_settings`; unknown keys
         raise ValueError). `embeddings` are the images the ids were encoded with (`encode_chat(images=...)`).
-        Stops at the tokenizer's end-of-turn tokens or after `max_new_tokens`. Raises ValueError when
-        prompt + max_new_tokens exceeds `context_length` or the embeddings do not match the ids.
+        `json_mode` holds the answer to one JSON object (a JSONFilter over JSON_MODE_SCHEMA): it ends as
+        soon as the object closes (eos_reason "end_filter"), and is valid JSON unless max_new_tokens cuts
+        it first. Stops at the tokenizer's end-of-turn tokens or after `max_new_tokens`. Raises ValueError
+        when prompt + max_new_tokens exceeds `context_length` or the embeddings do not match the ids.
         """
         gen_settings = sampler_settings(settings)
         loaded = self._require_model()
         unique = list({id(e): e for e in embeddings or ()}.values())  # an image sent twice is spliced once
+        filters = {}
+        if json_mode:
+            if self._json_filter is None:
+                self._json_filter = JSONFilter(JSON_MODE_SCHEMA)
+            # prefer_eos: once the object is complete, end rather than let the model pad it out.
+            filters = {"filters": [self._json_filter], "filter_prefer_eos": True}
         job = DynamicJobAsync(
             self._generator,
             input_ids,
@@ -524,6 +610,7 @@ class EngineService(QObject):
             stop_conditions=sorted(loaded.tokenizer.eos_token_ids),
             identifier=identifier,
             embeddings=unique or None,
+            **filters,
         )
         self._jobs.add(job)
         return job

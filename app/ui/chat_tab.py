@@ -5,6 +5,7 @@ A send stores the user message, then starts one engine job (`service.start_job`)
 as it starts (complete=False), saved every second while it streams, and once more when it ends or is stopped.
 With a vision model, every image of the conversation is embedded first (`service.embed_images`, on the
 service's worker thread; earlier turns come from its cache) and goes into the prompt in its message.
+With "JSON mode" on (saved in the chat's settings dict as "json_mode"), every answer is held to one JSON object.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QTimer, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QDragEnterEvent, QDropEvent, QImage
 from PySide6.QtWidgets import (
+    QCheckBox,
     QFileDialog,
     QHBoxLayout,
     QLabel,
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 SAVE_INTERVAL_MS = 1000  # a streaming answer reaches the database at least this often
 DEFAULT_TITLE = "New chat"
 _TITLE_LENGTH = 48
+JSON_MODE_KEY = "json_mode"  # in the chat's settings dict; absent means off
 
 
 @dataclass
@@ -58,18 +61,23 @@ class _Stream:
     widget: MessageWidget
     prompt_tokens: int
     settings: dict[str, Any]
+    json_mode: bool = False
     text: str = ""
     num_tokens: int = 0
     saved_text: str = ""
     eos: dict[str, Any] = field(default_factory=dict)
 
 
-def eos_stats(result: dict[str, Any]) -> dict[str, Any]:
-    """The statistics an answer keeps, from the engine's eos result."""
+def eos_stats(result: dict[str, Any], json_mode: bool = False) -> dict[str, Any]:
+    """The statistics an answer keeps, from the engine's eos result (and whether JSON mode held it)."""
     generate = float(result.get("time_generate", 0.0))
     new_tokens = int(result.get("new_tokens", 0))
     # time_generate runs from the first token to the last, so it covers new_tokens - 1 decode steps
     rate = (new_tokens - 1) / generate if generate > 0 and new_tokens > 1 else None
+    extra: dict[str, Any] = {"json_mode": True} if json_mode else {}
+    for key in ("accepted_draft_tokens", "rejected_draft_tokens"):  # only when the generator speculates
+        if key in result:
+            extra[key] = int(result[key])
     return {
         "new_tokens": new_tokens,
         "prompt_tokens": int(result.get("prompt_tokens", 0)),
@@ -78,6 +86,7 @@ def eos_stats(result: dict[str, Any]) -> dict[str, Any]:
         "time_to_first_token": float(result.get("time_enqueued", 0.0)) + float(result.get("time_prefill", 0.0)),
         "time_generate": generate,
         "eos_reason": result.get("eos_reason"),
+        **extra,
     }
 
 
@@ -165,7 +174,20 @@ class ChatTab(QWidget):
         self.input.send_requested.connect(self.send)
         self.input.image_pasted.connect(self.attach_image)
         self.input.files_dropped.connect(self.attach_files)
-        layout.addWidget(self.input)
+        self.json_mode_box = QCheckBox("JSON mode")
+        self.json_mode_box.setObjectName("jsonMode")
+        self.json_mode_box.setToolTip(
+            "Answers in this chat are one JSON object: the engine allows only tokens that keep the answer "
+            "valid JSON, and ends it when the object closes. Ask for the fields you want in your message. "
+            "Saved with the chat."
+        )
+        self.json_mode_box.setChecked(self.json_mode)
+        self.json_mode_box.toggled.connect(self.set_json_mode)
+        # Beside the input rather than in the button row below, which sets the window's minimum width.
+        input_row = QHBoxLayout()
+        input_row.addWidget(self.input, 1)
+        input_row.addWidget(self.json_mode_box, 0, Qt.AlignmentFlag.AlignTop)
+        layout.addLayout(input_row)
 
         row = QHBoxLayout()
         self.attach_button = QPushButton("Attach image…")
@@ -207,12 +229,33 @@ class ChatTab(QWidget):
         return self._stream.text if self._stream else ""
 
     def settings(self) -> dict[str, Any]:
+        """The chat's sampler settings dict (every field, "seed", "max_new_tokens"; JSON mode is separate)."""
         return complete_settings(self.chat.settings)
 
     def set_settings(self, settings: dict[str, Any]) -> None:
-        """Use and save `settings` for this chat's next answers."""
-        self.store.update_chat(self.chat_id, settings=settings)
+        """Use and save `settings` for this chat's next answers; the chat keeps its JSON mode."""
+        merged = {k: v for k, v in settings.items() if k != JSON_MODE_KEY}
+        if self.json_mode:
+            merged[JSON_MODE_KEY] = True
+        self.store.update_chat(self.chat_id, settings=merged)
         self.chat = self.store.get_chat(self.chat_id)
+
+    @property
+    def json_mode(self) -> bool:
+        """Whether this chat's answers are held to one JSON object."""
+        return bool((self.chat.settings or {}).get(JSON_MODE_KEY))
+
+    def set_json_mode(self, on: bool) -> None:
+        """Turn JSON mode on or off for this chat's next answers and save it with the chat."""
+        on = bool(on)
+        if on != self.json_mode:
+            settings = {k: v for k, v in (self.chat.settings or {}).items() if k != JSON_MODE_KEY}
+            if on:
+                settings[JSON_MODE_KEY] = True
+            self.store.update_chat(self.chat_id, settings=settings)
+            self.chat = self.store.get_chat(self.chat_id)
+        if self.json_mode_box.isChecked() != on:
+            self.json_mode_box.setChecked(on)  # called from code: keep the box in step
 
     def rename(self, title: str) -> None:
         title = " ".join(title.split())
@@ -435,6 +478,7 @@ class ChatTab(QWidget):
             return
         settings = self.settings()
         seed = settings["seed"] if settings["seed"] is not None else random.randrange(2**31)
+        json_mode = self.json_mode
         try:
             job = self.service.start_job(
                 input_ids,
@@ -443,18 +487,18 @@ class ChatTab(QWidget):
                 seed=seed,
                 identifier=self.chat_id,
                 embeddings=embeddings,
+                json_mode=json_mode,
             )
         except (ValueError, TypeError, RuntimeError) as e:
             self.show_notice(f"Could not start the answer: {e}")
             return
-        answer = self.store.add_message(
-            self.chat_id, "assistant", "", settings={**settings, "seed": seed}, complete=False
-        )
+        used = {**settings, "seed": seed, **({JSON_MODE_KEY: True} if json_mode else {})}
+        answer = self.store.add_message(self.chat_id, "assistant", "", settings=used, complete=False)
         widget = self._add_widget(answer)
         widget.set_streaming(True)
         self._job = job
         self._stopping = False
-        self._stream = _Stream(answer.id, widget, num_prompt, settings)
+        self._stream = _Stream(answer.id, widget, num_prompt, settings, json_mode)
         self._update_controls()
         self._save_timer.start(self.save_interval_ms)
         self.streaming_changed.emit(self.chat_id, True)
@@ -473,7 +517,7 @@ class ChatTab(QWidget):
                     stream.text += chunk
                     self.chunk_received.emit(self.chat_id, chunk)
                 if result.get("eos"):
-                    stream.eos = eos_stats(result)
+                    stream.eos = eos_stats(result, stream.json_mode)
                     stream.text = result.get("full_completion", stream.text)  # the engine's own account
                 stream.widget.set_text(stream.text)
                 self._show_context(stream.prompt_tokens + stream.num_tokens)
@@ -549,8 +593,9 @@ class ChatTab(QWidget):
             self.context_meter.setFormat("context: no model loaded")
             return
         try:
-            messages, _shas = self._conversation()
-            used = self.service.count_tokens(messages, self.chat.system_prompt)  # images at their token count
+            messages, shas = self._conversation()
+            pictures = [self.store.attachment_path(sha) for sha in shas]  # headers only: sizes decide the count
+            used = self.service.count_tokens(messages, self.chat.system_prompt, image_sources=pictures)
         except Exception as e:  # shown, not raised: the meter must never break the tab
             log.warning("chat %s: cannot count tokens: %s", self.chat_id, e)
             return

@@ -28,7 +28,8 @@ _ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 
 
 def format_stats(stats: dict[str, Any]) -> str:
-    """One line for an answer: tokens, tok/s, time to first token, cached prompt tokens (from the eos result)."""
+    """One line for an answer: tokens, tok/s, time to first token, cached prompt tokens, the share of drafted
+    tokens accepted (speculative decoding) and whether a JSON-mode answer is complete (from the eos result)."""
     parts = []
     if "new_tokens" in stats:
         parts.append(f"{stats['new_tokens']} tokens")
@@ -38,6 +39,12 @@ def format_stats(stats: dict[str, Any]) -> str:
         parts.append(f"first token {stats['time_to_first_token'] * 1000:.0f} ms")
     if "cached_tokens" in stats and "prompt_tokens" in stats:
         parts.append(f"{stats['cached_tokens']} of {stats['prompt_tokens']} prompt tokens cached")
+    drafted = stats.get("accepted_draft_tokens", 0) + stats.get("rejected_draft_tokens", 0)
+    if drafted:
+        parts.append(f"{stats['accepted_draft_tokens'] / drafted:.0%} of drafted tokens accepted")
+    if stats.get("json_mode") and stats.get("eos_reason"):
+        # A JSON-mode answer is valid JSON only when the object closed before the token limit.
+        parts.append("JSON cut off at the token limit" if stats["eos_reason"] == "max_new_tokens" else "JSON complete")
     if stats.get("stopped"):
         parts.append("stopped")
     elif stats.get("error"):

@@ -4,16 +4,21 @@ download-by-repo-id form.
 Loading runs in the service's loader thread; this dialog only starts it and listens to the service's
 signals (progress, loaded, failed). A download runs on a worker thread of its own and reports back
 through queued Qt signals, so the window stays responsive while huggingface_hub works.
+
+The speculation setting (off / n-gram / self-speculation draft of the first k layers) is saved in the
+store and handed to the service, which rebuilds its generator over the loaded model when it changes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
+    QComboBox,
     QDialog,
     QFileDialog,
     QGroupBox,
@@ -24,6 +29,7 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QProgressBar,
     QPushButton,
+    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
@@ -35,6 +41,7 @@ from app.service.catalog import (
     download_from_hub,
     model_display_name,
 )
+from app.service.speculation import MODE_LABELS, MODES, Speculation, load_speculation, num_layers, save_speculation
 from engine.loading.starter import STARTER_NAME, starter_path
 from engine.models.registry import supported_architectures, vision_architectures
 from engine.paths import models_dir
@@ -47,6 +54,15 @@ DEMO_KIND = "demo"
 DEMO_VISION_LABEL = f"{DEMO_VISION_NAME} (bundled, works offline)"
 _PATH_ROLE = Qt.ItemDataRole.UserRole
 _KIND_ROLE = Qt.ItemDataRole.UserRole + 1
+MAX_DRAFT_LAYERS = 256  # the spin box's bound before a model says how many layers it has
+SPECULATION_DELAY_MS = 600  # spin-box changes settle this long before the generator is rebuilt
+SPECULATION_HELP = (
+    "Speculative decoding drafts a few tokens and lets the model check them in one step. Answers stay the "
+    "same; only the speed changes. N-gram drafts copy what followed the same words earlier in the chat: it "
+    "helps when answers repeat text (code, lists, quotes). A self-speculation draft runs only the model's first "
+    "layers; models not trained for it agree with it rarely, so it is mostly slower. Changing this stops "
+    "answers in progress."
+)
 
 
 def _same_path(a: str | Path | None, b: str | Path | None) -> bool:
@@ -102,7 +118,8 @@ class ModelManager(QDialog):
     from the hub, and loads one.
 
     Public methods are what the buttons call, so the main window and tests can drive them directly:
-    `add_model(path)`, `remove_model(path)`, `load(path)`, `load_selected()`, `download(repo_id)`.
+    `add_model(path)`, `remove_model(path)`, `load(path)`, `load_selected()`, `download(repo_id)`,
+    `set_speculation(speculation)`.
     """
 
     model_added = Signal(str)  # path
@@ -159,6 +176,7 @@ class ModelManager(QDialog):
         layout.addWidget(self.status_label)
         layout.addWidget(self.progress_bar)
         layout.addWidget(self.error_label)
+        layout.addWidget(self._build_speculation_box())
         layout.addWidget(self._build_download_box())
 
         service.loading_started.connect(self._on_loading_started)
@@ -168,6 +186,42 @@ class ModelManager(QDialog):
         self.refresh()
         if service.is_loaded:
             self.status_label.setText(f"Loaded: {service.model_name}")
+        saved = load_speculation(store)
+        if saved != service.speculation:  # the service was made without the saved setting: use it now
+            self.set_speculation(saved)
+
+    def _build_speculation_box(self) -> QGroupBox:
+        box = QGroupBox("Speculative decoding")
+        self.speculation_combo = QComboBox()
+        for mode in MODES:
+            self.speculation_combo.addItem(MODE_LABELS[mode], mode)
+        self.draft_layers_spin = QSpinBox()
+        self.draft_layers_spin.setRange(1, MAX_DRAFT_LAYERS)
+        self.draft_layers_spin.setPrefix("first ")
+        self.draft_layers_spin.setSuffix(" layers")
+        self.draft_layers_spin.setToolTip(
+            "How many of the model's layers the draft runs (fewer: faster, less often right)"
+        )
+        self.speculation_label = QLabel()
+        self.speculation_label.setWordWrap(True)
+        help_label = QLabel(SPECULATION_HELP)
+        help_label.setWordWrap(True)
+        help_label.setStyleSheet("color: palette(mid);")
+        self._speculation_timer = QTimer(self)
+        self._speculation_timer.setSingleShot(True)
+        self._speculation_timer.setInterval(SPECULATION_DELAY_MS)
+        self._speculation_timer.timeout.connect(self._speculation_edited)
+        self._show_speculation(self.service.speculation)
+        self.speculation_combo.currentIndexChanged.connect(lambda _i: self._speculation_edited())
+        self.draft_layers_spin.valueChanged.connect(lambda _v: self._speculation_timer.start())
+        row = QHBoxLayout()
+        row.addWidget(self.speculation_combo, 1)
+        row.addWidget(self.draft_layers_spin)
+        layout = QVBoxLayout(box)
+        layout.addLayout(row)
+        layout.addWidget(self.speculation_label)
+        layout.addWidget(help_label)
+        return box
 
     def _build_download_box(self) -> QGroupBox:
         box = QGroupBox("Download from Hugging Face")
@@ -324,6 +378,55 @@ class ModelManager(QDialog):
         self.progress_bar.hide()
         self.status_label.setText(f"Loaded: {name}")
         self.refresh()
+        self._show_speculation(self.service.speculation)
+
+    # --- speculation ---------------------------------------------------------------------------------------
+
+    def speculation(self) -> Speculation:
+        """The speculation the widgets show (the layer count is the service's unless a draft is chosen)."""
+        mode = self.speculation_combo.currentData()
+        # The spin box is bounded by the loaded model: only a chosen draft takes its value, so choosing
+        # n-gram on a shallow model does not overwrite the layer count saved for deeper ones.
+        layers = self.draft_layers_spin.value() if mode == "draft" else self.service.speculation.draft_layers
+        return Speculation(mode, layers)
+
+    def set_speculation(self, speculation: Speculation) -> asyncio.Task[bool]:
+        """Save `speculation`, show it, and have the service use it (returns the service's task)."""
+        self._speculation_timer.stop()
+        save_speculation(self.store, speculation)
+        self._show_speculation(speculation)
+        task = self.service.set_speculation(speculation)
+        if self.service.is_loaded:
+            self.speculation_label.setText("Applying…")
+        task.add_done_callback(lambda _t: self._show_status())
+        return task
+
+    def _speculation_edited(self) -> None:
+        wanted = self.speculation()
+        if wanted != self.service.speculation:
+            self.set_speculation(wanted)
+
+    def _show_speculation(self, speculation: Speculation) -> None:
+        """Put `speculation` in the widgets without treating it as an edit."""
+        model = self.service.model
+        top = num_layers(model) - 1 if model is not None else MAX_DRAFT_LAYERS
+        for widget in (self.speculation_combo, self.draft_layers_spin):
+            widget.blockSignals(True)
+        self.speculation_combo.setCurrentIndex(MODES.index(speculation.mode))
+        self.draft_layers_spin.setRange(1, max(1, top))
+        self.draft_layers_spin.setValue(min(speculation.draft_layers, max(1, top)))
+        self.draft_layers_spin.setEnabled(speculation.mode == "draft" and top >= 1)
+        for widget in (self.speculation_combo, self.draft_layers_spin):
+            widget.blockSignals(False)
+        self._show_status()
+
+    def _show_status(self) -> None:
+        status = self.service.speculation_status()
+        where = f" for {self.service.model_name}." if self.service.is_loaded else "; applies when a model is loaded."
+        try:
+            self.speculation_label.setText(status[0].upper() + status[1:] + where)
+        except RuntimeError:  # the dialog was deleted while the service applied the setting
+            pass
 
     def _on_load_failed(self, message: str) -> None:
         path = self._pending[0] if self._pending else None

@@ -112,7 +112,9 @@ _GROUPS: list[tuple[str, list[Field]]] = [
                 "cfg_scale",
                 "CFG scale",
                 "text",
-                tip="A number, or empty. Guidance needs a negative prompt, which chats do not have yet: stored only",
+                tip="Classifier-free guidance strength: a number, or empty for none. The engine applies it to jobs "
+                "given a (positive, negative) prompt pair; the app's chats send no negative prompt yet, so here "
+                "it is saved with the chat's settings but changes no answer",
             ),
         ],
     ),

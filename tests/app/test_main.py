@@ -175,3 +175,18 @@ def test_closing_the_window_mid_answer_keeps_it(qapp, tiny_folder, tmp_path, mon
         user, answer = store.messages(chat.id)
         assert user.text == "Keep going"
         assert answer.text.startswith(seen["shown"]) and not answer.complete and answer.stats["stopped"]
+
+
+def test_main_applies_the_saved_speculation_setting(qapp, tiny_folder, tmp_path, monkeypatch):
+    from app.service.speculation import Speculation, save_speculation
+
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path))
+    store = Store()
+    save_speculation(store, Speculation(mode="ngram"))  # chosen in the model manager on an earlier run
+    store.close()
+    status, seen = run_main_until(
+        ["--model", str(tiny_folder)],
+        lambda w: {"mode": w.service.speculation.mode, "status": w.service.speculation_status()},
+    )
+    assert status == 0 and "timed_out" not in seen
+    assert seen["mode"] == "ngram" and "n-gram" in seen["status"]

@@ -1,4 +1,8 @@
-"""`python -m engine bench` end to end on the tiny random model: both sides run, every row prints."""
+"""`python -m engine bench` end to end on the tiny random model: both sides run, every row prints; the feature
+rows (speculation, constrained JSON) run on our engine alone with `--only features`.
+
+Bad inputs tried: --new-tokens 1, --jobs 0, --threads 0, --draft-layers 0 / "two" / "4,-1", a missing model path.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +26,13 @@ ROW_LABELS = [
     "load time",
     "runnable time spent waiting for a CPU",
 ]
+FEATURE_LABELS = [
+    "speculation prompt (quotes code, asks it back), no speculation",
+    "n-gram speculation (max_ngram 4)",
+    "self-speculation draft: first 1 of 2 layers, 4 draft tokens",
+    "JSON prompt, unconstrained",
+    "constrained by a JSON schema (JSONFilter; ended by",
+]
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -39,7 +50,7 @@ def small_args(folder, *extra: str) -> argparse.Namespace:
 
 def test_bench_runs_both_sides_and_prints_every_row(tiny_folder, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    assert bench.run(small_args(tiny_folder, "--hf-batched", "--json", str(out))) == 0
+    assert bench.run(small_args(tiny_folder, "--hf-batched", "--draft-layers", "1", "--json", str(out))) == 0
     table = capsys.readouterr().out
     lines = [line for line in table.splitlines() if line.startswith("| ")]
     assert [c.strip() for c in lines[0].split("|")[1:-1]] == [
@@ -49,8 +60,9 @@ def test_bench_runs_both_sides_and_prints_every_row(tiny_folder, tmp_path, capsy
         "target",
         "result",
     ]
-    for label in ROW_LABELS:
+    for label in ROW_LABELS + FEATURE_LABELS:
         assert any(label in line for line in lines), f"row {label!r} missing from:\n{table}"
+    assert len(lines) == 1 + len(ROW_LABELS) + len(FEATURE_LABELS)
     single, _, aggregate, second_turn = lines[1:5]
     assert "n/a" not in "\n".join(lines[1:4]), table  # both sides filled the speed rows
     for verdict_row in (single, aggregate, second_turn):
@@ -72,7 +84,7 @@ def test_bench_runs_both_sides_and_prints_every_row(tiny_folder, tmp_path, capsy
 
 
 def test_skip_transformers_runs_our_rows_only(tiny_folder, capsys):
-    assert bench.run(small_args(tiny_folder, "--skip-transformers")) == 0
+    assert bench.run(small_args(tiny_folder, "--skip-transformers", "--only", "core")) == 0
     table = capsys.readouterr().out
     rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ")][1:]
     assert len(rows) == len(ROW_LABELS)
@@ -80,6 +92,56 @@ def test_skip_transformers_runs_our_rows_only(tiny_folder, capsys):
     assert all(not cells[1].strip().startswith("n/a") for cells in rows)  # ours
     assert "transformers skipped (--skip-transformers)" in table
     assert table.startswith("Tandem engine on tiny-gen")
+
+
+def test_feature_rows_run_on_our_engine_alone(tiny_folder, tmp_path, capsys):
+    out = tmp_path / "features.json"
+    argv = ["--only", "features", "--draft-layers", "1,5", "--new-tokens", "12", "--json", str(out)]
+    assert bench.run(small_args(tiny_folder, *argv)) == 0
+    table = capsys.readouterr().out
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    assert len(lines) == 1 + len(FEATURE_LABELS), table  # no core rows; the 5-layer draft is skipped (2 layers)
+    for label, line in zip(FEATURE_LABELS, lines[1:], strict=True):
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        assert label in cells[0], line
+        assert float(cells[1].replace(",", "")) > 0, line  # ours: a rate
+        assert cells[2] == "n/a"  # transformers did not run
+    assert "--only features" in table and "departs" not in table  # float32: greedy speculation changes nothing
+
+    ours = json.loads(out.read_text())["sides"]["ours"]
+    for key in ("spec_plain_tps", "spec_ngram_tps", "json_tps", "json_free_tps"):
+        assert ours[key] > 0 and math.isfinite(ours[key]), (key, ours[key])
+    assert math.isnan(ours["spec_ngram_acceptance"]) or 0 <= ours["spec_ngram_acceptance"] <= 1
+    assert ours["spec_ngram_departs_at"] is None
+    (draft,) = ours["spec_drafts"]
+    assert draft["layers"] == 1 and draft["tps"] > 0 and 0 <= draft["acceptance"] <= 1
+    assert draft["departs_at"] is None
+    assert 1 <= ours["json_new_tokens"] <= 12 and ours["json_completion"].startswith("{")
+    assert ours["json_eos_reason"] in ("end_filter", "max_new_tokens", "stop_token")
+    assert "single_decode_tps" not in ours and "transformers" not in json.loads(out.read_text())["sides"]
+
+
+def test_feature_rows_compare_against_no_speculation():
+    args = parse("x", "--only", "features")
+    ours = {
+        "num_layers": 30, "spec_plain_tps": 20.0, "spec_ngram_tps": 40.0, "spec_ngram_acceptance": 0.5,
+        "spec_ngram_departs_at": None, "json_tps": 16.0, "json_free_tps": 20.0, "json_new_tokens": 27,
+        "json_eos_reason": "end_filter",
+        "spec_drafts": [{"layers": 8, "tps": 10.0, "acceptance": 0.01, "departs_at": 370}],
+    }  # fmt: skip
+    rows = bench.build_rows(args, {}, {"ours": ours})
+    assert [r["ours"] for r in rows] == ["20.0", "40.0", "10.0", "20.0", "16.0"]
+    assert rows[1]["result"] == "2.00x no speculation; 50% of drafts accepted"
+    assert rows[2]["metric"].strip() == "self-speculation draft: first 8 of 30 layers, 4 draft tokens"
+    assert (
+        rows[2]["result"]
+        == "0.50x no speculation; 1% of drafts accepted; output departs from plain decoding at character 370"
+    )
+    assert rows[3]["metric"].startswith("JSON prompt, unconstrained, tok/s (27 new")
+    assert rows[4]["result"] == "+25% time per token"  # 1/16 s vs 1/20 s per token
+    assert all(r["transformers"] == "n/a" and r["target"] == "" for r in rows)
+    ours["spec_ngram_acceptance"] = math.nan  # the prompt gave the n-gram drafter nothing to find
+    assert bench.build_rows(args, {}, {"ours": ours})[1]["result"] == "2.00x no speculation; no drafts"
 
 
 def _tokenizer(folder):
@@ -123,6 +185,9 @@ def test_rows_without_transformers_say_na(tiny_folder):
         (["--new-tokens", "1"], "--new-tokens must be >= 2"),
         (["--jobs", "0"], "--jobs must be >= 1"),
         (["--threads", "0"], "--threads must be >= 1"),
+        (["--draft-layers", "0"], "--draft-layers takes positive layer counts such as 8,16; got '0'"),
+        (["--draft-layers", "two"], "got 'two'"),
+        (["--draft-layers", "4,-1"], "got '-1'"),
     ],
 )
 def test_bad_options_are_rejected_before_any_work(tiny_folder, argv, message):

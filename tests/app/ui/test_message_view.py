@@ -114,3 +114,14 @@ def test_format_stats():
     assert format_stats(stats) == "24 tokens · 123.5 tok/s · first token 42 ms · 16 of 30 prompt tokens cached"
     assert format_stats({}) == ""
     assert format_stats({"new_tokens": 3, "stopped": False, "error": "boom"}) == "3 tokens · failed: boom"
+
+
+def test_format_stats_reports_drafts_and_json_mode():
+    spec = {"new_tokens": 20, "accepted_draft_tokens": 9, "rejected_draft_tokens": 27}
+    assert format_stats(spec) == "20 tokens · 25% of drafted tokens accepted"
+    assert format_stats({"new_tokens": 5, "accepted_draft_tokens": 0, "rejected_draft_tokens": 0}) == "5 tokens"
+    done = {"new_tokens": 9, "json_mode": True, "eos_reason": "end_filter"}
+    assert format_stats(done) == "9 tokens · JSON complete"
+    cut = {**done, "eos_reason": "max_new_tokens"}
+    assert format_stats(cut) == "9 tokens · JSON cut off at the token limit"
+    assert format_stats({**cut, "json_mode": False}) == "9 tokens"  # a plain answer's limit is not news
