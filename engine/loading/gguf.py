@@ -92,15 +92,16 @@ def load_gguf(
     for hf_name, t in selected:
         packs = quantized == "int4" and (hf_name.endswith("_proj.weight") or hf_name == "lm_head.weight")
         try:
+            tied_head = hf_name == EMBEDDINGS and config.tie_word_embeddings and t.tensor_type.name in _INT8_TYPES
+            if quantized == "int4" and tied_head:  # the tied head gets a packed copy; lookups keep floats
+                # (made before the float embeddings, so the two transients are never alive together)
+                state_dict["lm_head.weight"] = _int8_weight(t, dtype).map_rows(lambda rows: rows.to(device))
             if packs and t.tensor_type.name in _INT4_TYPES:
                 values = _int4_weight(t, dtype)
             elif packs and t.tensor_type.name in _INT8_TYPES:
                 values = _int8_weight(t, dtype)
             else:
                 values = _dequantize(t, gguf)
-            if quantized == "int4" and hf_name == EMBEDDINGS and config.tie_word_embeddings:
-                if t.tensor_type.name in _INT8_TYPES:  # the tied head gets a packed copy; lookups keep floats
-                    state_dict["lm_head.weight"] = _int8_weight(t, dtype).map_rows(lambda rows: rows.to(device))
         except (ValueError, IndexError, TypeError, AssertionError, RuntimeError) as e:
             raise CorruptFileError(
                 f"{path}: tensor {t.name} ({t.tensor_type.name}) could not be decoded "

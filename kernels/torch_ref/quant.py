@@ -35,9 +35,19 @@ def can_pack(num_rows: int, num_cols: int, group_size: int) -> bool:
     return group_size in GROUP_SIZES and num_rows % ROW_MULTIPLE == 0 and num_rows > 0 and num_cols % group_size == 0
 
 
+# Rows packed per call: the converter wants int32 input (8 times the packed size), so a 49152-row output head
+# packed at once took a 113 MB transient. A multiple of every row-block width, so chunks pack as the whole would.
+_PACK_ROWS = 4096
+
+
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """Pack integer weights [N, K] (values 0..15) into uint8 [N, K / 2] on the CPU; see `can_pack` for N, K."""
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(device="cpu", dtype=torch.int32).contiguous(), 1)
+    chunks = [q[start : start + _PACK_ROWS] for start in range(0, q.shape[0], _PACK_ROWS)]
+    packed = [
+        torch.ops.aten._convert_weight_to_int4pack_for_cpu(c.to(device="cpu", dtype=torch.int32).contiguous(), 1)
+        for c in chunks
+    ]
+    return packed[0] if len(packed) == 1 else torch.cat(packed)
 
 
 @lru_cache(maxsize=8)  # a decoder has four projection shapes; 4 bytes per weight each, reference use only

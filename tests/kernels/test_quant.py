@@ -135,3 +135,9 @@ def test_prompt_sized_inputs_take_the_dense_path_and_agree_with_the_int4_kernel(
         assert not torch.equal(dense, kernel)  # a different computation, so not bit-identical...
     tol = 1e-4 if dtype == torch.float32 else 0.03 * kernel.float().abs().max().item()
     torch.testing.assert_close(dense.float(), kernel.float(), rtol=1e-4, atol=tol)  # ...but the same product
+
+
+def test_packing_in_row_chunks_equals_packing_at_once():
+    q, _ = _random_int4(quant._PACK_ROWS + 80, 64, 32, torch.float32, seed=6)
+    whole = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
+    assert torch.equal(quant.pack_int4(q), whole)
