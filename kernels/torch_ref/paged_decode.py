@@ -40,6 +40,7 @@ class DecodePlan:
     unit_start: torch.Tensor  # [units] int64: first visible position in the unit's page
     unit_end: torch.Tensor  # [units] int64: one past the last visible position (0 for gap units)
     num_units: int
+    hidden: torch.Tensor  # [units, page_size] float32: -inf at slots a unit's query must not see, else 0
     # what the plan was built from, to check a cached plan still applies
     seq_lens: tuple[int, ...]
     sliding_window: int | None
@@ -70,7 +71,11 @@ def build_plan(
     def column(i: int) -> torch.Tensor:
         return torch.tensor([u[i] for u in units], dtype=torch.int64)
 
-    return DecodePlan(first, gather, column(1), column(2), column(3), len(units), tuple(seq_lens), sliding_window)
+    starts, ends = column(2), column(3)
+    slot = torch.arange(page_size)
+    outside = (slot < starts[:, None]) | (slot >= ends[:, None])
+    hidden = torch.zeros(outside.shape).masked_fill_(outside, float("-inf"))
+    return DecodePlan(first, gather, column(1), starts, ends, len(units), hidden, tuple(seq_lens), sliding_window)
 
 
 class _PlanCache:
@@ -133,13 +138,12 @@ def decode_attention(
         k, v = k_cache.index_select(0, pages), v_cache.index_select(0, pages)
     # Query heads are grouped by the KV head they share: head h reads KV head h // group.
     qu = q.to(k.dtype).view(num_seqs, num_kv_heads, group, head_dim).index_select(0, unit_seq)
-    # Head-major copies first: CPU bf16 matmuls on the permuted views took twice as long as copy plus matmul.
+    # Head-major pages: CPU bf16 matmuls on permuted views took twice as long as a copy plus the matmul. The
+    # CPU cache's memory is head-major already (engine/cache/cache.py), so there these are views, not copies.
     k = k.permute(0, 2, 1, 3).contiguous()  # [U, Hkv, page_size, D]
     v = v.permute(0, 2, 1, 3).contiguous()
-    scores = torch.matmul(qu, k.transpose(-1, -2)).float() * scale  # [U, Hkv, group, page_size]
-    slot = torch.arange(page_size, device=device)
-    hidden = (slot < plan.unit_start.to(device)[:, None]) | (slot >= plan.unit_end.to(device)[:, None])
-    scores.masked_fill_(hidden[:, None, None, :], float("-inf"))
+    scores = torch.matmul(qu, k.transpose(-1, -2)).float()  # [U, Hkv, group, page_size]
+    scores.mul_(scale).add_(plan.hidden.to(device)[:, None, None, :])
     unit_max = scores.amax(dim=-1).clamp_min(_NO_KEYS)  # [U, Hkv, group]
     weights = torch.exp(scores - unit_max[..., None])
     unit_sum = weights.sum(dim=-1)
