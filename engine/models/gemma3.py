@@ -247,10 +247,7 @@ class Gemma3ForCausalLM(Model):
         return (name,)
 
     def tie_weights(self) -> None:
-        if self.lm_head.is_quantized:  # the loader gave the head its own packed form; batches still use floats
-            self.lm_head.float_weight = self.model.embed_tokens.weight
-        else:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.lm_head.tie_to(self.model.embed_tokens.weight)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Scaled token embeddings [num_tokens, hidden]."""

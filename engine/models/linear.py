@@ -61,9 +61,12 @@ class QuantizedWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The float weight [N, K] in `dtype`, computed in float32."""
+        return self.float32().to(self.dtype)
+
+    def float32(self) -> torch.Tensor:
+        """The weight [N, K] in float32, before any rounding to `dtype`."""
         g = self.group_size
-        w = (self.values.float() - 8.0) * self.scales.repeat_interleave(g, 1) + self.zeros.repeat_interleave(g, 1)
-        return w.to(self.dtype)
+        return (self.values.float() - 8.0) * self.scales.repeat_interleave(g, 1) + self.zeros.repeat_interleave(g, 1)
 
     def is_packable(self) -> bool:
         return ops.can_pack_int4(self.shape[0], self.shape[1], self.group_size)
@@ -118,13 +121,7 @@ class SplitWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The float weight [N, K] in `dtype`, summed in float32 before the one rounding."""
-        high, low = self.high, self.low
-        g = self.group_size
-
-        def plane(w: QuantizedWeight) -> torch.Tensor:
-            return (w.values.float() - 8.0) * w.scales.repeat_interleave(g, 1) + w.zeros.repeat_interleave(g, 1)
-
-        return (plane(high) + plane(low)).to(self.dtype)
+        return (self.high.float32() + self.low.float32()).to(self.dtype)
 
     def is_packable(self) -> bool:
         return self.high.is_packable()
@@ -180,6 +177,14 @@ class Linear(nn.Module):
         if self.packed_low is not None:
             out = out + ops.linear_int4(x, self.packed_low, self.scales_and_zeros_low, self.group_size)
         return out
+
+    def tie_to(self, embeddings: torch.Tensor) -> None:
+        """Make this output head read the embedding matrix: as its weight when float; when the loader gave
+        it a packed form of its own, as `float_weight`, which batches of many rows use instead."""
+        if self.is_quantized:
+            self.float_weight = embeddings
+        else:
+            self.weight = embeddings
 
     def extra_repr(self) -> str:
         kind = f"int4, group_size={self.group_size}" if self.is_quantized else "float"
