@@ -103,6 +103,7 @@ def silu_and_mul(x):
     return dispatch.call("silu_and_mul", x)
 
 
-def linear_int4(x, packed, scales_and_zeros, group_size: int, bias=None):
-    """x @ W.T (+ bias) for a 4-bit weight packed by `kernels.torch_ref.quant.pack_int4` (layout in that module)."""
-    return dispatch.call("linear_int4", x, packed, scales_and_zeros, group_size, bias)
+def linear_int4(x, packed, scales_and_zeros, group_size: int, bias=None, low=None):
+    """x @ W.T (+ bias) for a 4-bit weight packed by `kernels.torch_ref.quant.pack_int4` (layout in that module);
+    `low` = (packed, scales_and_zeros) of a second plane the weight is the sum with (an 8-bit weight)."""
+    return dispatch.call("linear_int4", x, packed, scales_and_zeros, group_size, bias, low)

@@ -173,10 +173,8 @@ class Linear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         if self.float_weight is not None and x.numel() >= FLOAT_FROM_ROWS * self.in_features:
             return F.linear(x, self.float_weight.to(x.dtype), self.bias)
-        out = ops.linear_int4(x, self.packed, self.scales_and_zeros, self.group_size, self.bias)
-        if self.packed_low is not None:
-            out = out + ops.linear_int4(x, self.packed_low, self.scales_and_zeros_low, self.group_size)
-        return out
+        low = None if self.packed_low is None else (self.packed_low, self.scales_and_zeros_low)
+        return ops.linear_int4(x, self.packed, self.scales_and_zeros, self.group_size, self.bias, low)
 
     def tie_to(self, embeddings: torch.Tensor) -> None:
         """Make this output head read the embedding matrix: as its weight when float; when the loader gave

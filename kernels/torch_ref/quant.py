@@ -116,10 +116,27 @@ def linear_int4(
     scales_and_zeros: torch.Tensor,
     group_size: int,
     bias: torch.Tensor | None = None,
+    low: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """x [..., K] @ W.T (+ bias) -> [..., N]: the reference, dequantizing the whole weight on every call."""
-    weight = dequantize_int4(packed, scales_and_zeros, group_size, x.dtype)
-    return F.linear(x, weight, bias)
+    """x [..., K] @ W.T (+ bias) -> [..., N]: the reference, dequantizing the whole weight on every call.
+
+    `low` = (packed, scales_and_zeros) of a second plane the weight is the sum with (an 8-bit weight split in
+    two, see engine.models.linear.SplitWeight); the planes are summed in float32 before one rounding.
+    """
+    return F.linear(x, _weight(packed, scales_and_zeros, group_size, low, x.dtype), bias)
+
+
+def _weight(
+    packed: torch.Tensor,
+    scales_and_zeros: torch.Tensor,
+    group_size: int,
+    low: tuple[torch.Tensor, torch.Tensor] | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    if low is None:
+        return dequantize_int4(packed, scales_and_zeros, group_size, dtype)
+    high = dequantize_int4(packed, scales_and_zeros, group_size, torch.float32)
+    return (high + dequantize_int4(low[0], low[1], group_size, torch.float32)).to(dtype)
 
 
 def linear_int4_cpu(
@@ -128,20 +145,29 @@ def linear_int4_cpu(
     scales_and_zeros: torch.Tensor,
     group_size: int,
     bias: torch.Tensor | None = None,
+    low: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor | None:
-    """torch's CPU int4 weight-only matmul, which reads the packed bytes directly; None where it cannot run."""
-    if x.device.type != "cpu" or packed.device.type != "cpu" or scales_and_zeros.device.type != "cpu":
-        return None
-    if x.dtype not in _CPU_DTYPES or scales_and_zeros.dtype != x.dtype:
+    """torch's CPU int4 weight-only matmul, which reads the packed bytes directly; None where it cannot run.
+
+    A `low` plane is a second kernel call added to the first for few rows; for prompt-sized inputs the two
+    planes are dequantized, summed and multiplied once."""
+    planes = [(packed, scales_and_zeros)] + ([low] if low is not None else [])
+    num_cols = packed.shape[1] * 2
+    for plane_packed, plane_scales in planes:
+        if plane_packed.device.type != "cpu" or plane_scales.device.type != "cpu" or plane_scales.dtype != x.dtype:
+            return None
+        if plane_packed.shape != packed.shape or not can_pack(packed.shape[0], num_cols, group_size):
+            return None
+    if x.device.type != "cpu" or x.dtype not in _CPU_DTYPES or x.shape[-1] != num_cols:
         return None
     if bias is not None and (bias.dtype != x.dtype or bias.device.type != "cpu"):
         return None
-    num_cols = packed.shape[1] * 2
-    if x.shape[-1] != num_cols or not can_pack(packed.shape[0], num_cols, group_size):
-        return None
     rows = x.reshape(-1, num_cols)
     if rows.shape[0] >= DENSE_FROM_ROWS and _row_block(packed.shape[0], num_cols):
-        return F.linear(x, dequantize_int4(packed, scales_and_zeros, group_size, x.dtype), bias)
-    out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.contiguous(), packed, group_size, scales_and_zeros)
+        return F.linear(x, _weight(packed, scales_and_zeros, group_size, low, x.dtype), bias)
+    rows = rows.contiguous()
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, packed, group_size, scales_and_zeros)
+    for plane_packed, plane_scales in planes[1:]:
+        out = out + torch.ops.aten._weight_int4pack_mm_for_cpu(rows, plane_packed, group_size, plane_scales)
     out = out.reshape(*x.shape[:-1], packed.shape[0])
     return out if bias is None else out + bias

@@ -141,3 +141,17 @@ def test_packing_in_row_chunks_equals_packing_at_once():
     q, _ = _random_int4(quant._PACK_ROWS + 80, 64, 32, torch.float32, seed=6)
     whole = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
     assert torch.equal(quant.pack_int4(q), whole)
+
+
+@pytest.mark.parametrize("num_tokens", [3, quant.DENSE_FROM_ROWS + 1])
+def test_a_second_plane_adds_its_weight_on_both_paths(num_tokens):
+    q_high, sz_high = _random_int4(64, 128, 32, torch.float32, seed=7)
+    q_low, sz_low = _random_int4(64, 128, 32, torch.float32, seed=8)
+    high, low = quant.pack_int4(q_high), quant.pack_int4(q_low)
+    x = torch.randn(num_tokens, 128, generator=torch.Generator().manual_seed(9))
+    bias = torch.randn(64)
+    both = quant.linear_int4_cpu(x, high, sz_high, 32, bias, (low, sz_low))
+    separate = quant.linear_int4_cpu(x, high, sz_high, 32, bias) + quant.linear_int4_cpu(x, low, sz_low, 32)
+    torch.testing.assert_close(both, separate, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(quant.linear_int4(x, high, sz_high, 32, bias, (low, sz_low)), both, rtol=1e-5, atol=1e-4)
+    assert quant.linear_int4_cpu(x, high, sz_high, 32, None, (low, sz_low.bfloat16())) is None  # plane dtypes differ
