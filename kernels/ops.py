@@ -8,6 +8,7 @@ import torch
 
 from kernels import dispatch
 from kernels import triton as triton_kernels  # imports triton itself only on the first CUDA call
+from kernels.cpu import attention as cpu_attention
 from kernels.torch_ref import activation, attention, norm, quant, rope
 
 dispatch.register("write_kv", attention.write_kv, reference=True)
@@ -19,6 +20,8 @@ dispatch.register("silu_and_mul", activation.silu_and_mul, reference=True)
 # Triton kernels go ahead of the twins; each declines (None) anything but CUDA tensors it can handle.
 dispatch.register("write_kv", triton_kernels.write_kv)
 dispatch.register("paged_attention", triton_kernels.paged_attention)
+# The fused C decode kernel (compiled on first use) goes ahead of the twin for CPU decode steps.
+dispatch.register("paged_attention", cpu_attention.paged_attention)
 dispatch.register("rms_norm", triton_kernels.rms_norm)
 dispatch.register("apply_rope", triton_kernels.apply_rope)
 dispatch.register("silu_and_mul", triton_kernels.silu_and_mul)

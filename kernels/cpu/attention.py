@@ -1,0 +1,83 @@
+"""Decode attention on CPU tensors through the fused C kernel (paged_decode.c).
+
+It takes the `paged_attention` op when every sequence has exactly one new query (a decode step) and the
+cache is float32 or bfloat16 on the CPU; anything else (prompts, float16, CUDA, head sizes over 256, GQA
+groups over 16) returns None and goes to the next backend.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import torch
+
+from kernels.cpu import build
+
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+_MAX_DIM, _MAX_GROUP = 256, 16
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+
+
+def _kernel():
+    library = build.load("paged_decode")
+    if library is None:
+        return None
+    fn = library.paged_decode_attention
+    if fn.argtypes is None:
+        fn.argtypes = [_ptr] * 4 + [_i64] * 3 + [_ptr, _i64, _ptr] + [_i64] * 6 + [ctypes.c_float, ctypes.c_int, _i64]
+        fn.restype = ctypes.c_int
+    return fn
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sliding_window: int | None = None,
+    page_runs: Sequence[int] | None = None,
+) -> torch.Tensor | None:
+    if k_cache.device.type != "cpu" or k_cache.dtype not in _DTYPES or v_cache.dtype != k_cache.dtype:
+        return None
+    if any(n != 1 for n in query_lens) or q.shape[0] != len(query_lens):
+        return None
+    num_seqs, num_q_heads, head_dim = q.shape
+    num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
+    if head_dim > _MAX_DIM or num_q_heads % num_kv_heads or num_q_heads // num_kv_heads > _MAX_GROUP:
+        return None
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
+        return None
+    fn = _kernel()
+    if fn is None:
+        return None
+    q = q.to(k_cache.dtype).contiguous()
+    tables = block_tables.to(device="cpu", dtype=torch.int64).contiguous()
+    lens = seq_lens.to(device="cpu", dtype=torch.int64).contiguous()
+    out = torch.empty_like(q)
+    status = fn(
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        out.data_ptr(),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        tables.data_ptr(),
+        tables.stride(0),
+        lens.data_ptr(),
+        num_seqs,
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        sliding_window or 0,
+        scale,
+        _DTYPES[k_cache.dtype],
+        torch.get_num_threads(),
+    )
+    return out if status == 0 else None

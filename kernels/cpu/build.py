@@ -1,0 +1,111 @@
+"""Compile a kernel's C source with the system's C compiler on first use, and load it with ctypes.
+
+Why C and not a torch extension: a plain C file against no headers but libc compiles in about a second,
+where one including torch's headers takes a minute; the kernels take raw pointers and strides, which is all
+they need from a tensor.
+
+Threads come from OpenMP. The library asks for libgomp.so.1 by name, and torch's Linux wheels have already
+loaded their own libgomp.so.1, so the loader hands the kernel torch's runtime and both share one thread pool
+(two pools on two cores made each decode step slower, not faster). A compiler without OpenMP gets a second
+try without it, and the kernel then runs on one thread.
+
+The library is built for this CPU (-march=native) and cached under the user's cache folder, named by a hash
+of the source, the flags, the compiler and the CPU's feature flags, so an edit, a new compiler or a cache
+folder carried to another machine gets a fresh build. Builds write a temporary file and rename it, so two
+processes building at once cannot load half a file.
+
+Where no compiler is found, the build fails, or TANDEM_NO_CPU_KERNELS=1 is set, `load` returns None (after
+one warning for a failed build) and the ops fall back to the torch twins.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import platformdirs
+
+log = logging.getLogger(__name__)
+
+_SOURCES = Path(__file__).parent
+FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=c11")
+_THREADS = ("-fopenmp", "-fopenmp-simd")  # tried in this order
+_BUILD_TIMEOUT_S = 120
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc"))
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def cache_folder() -> Path:
+    return Path(os.environ.get("TANDEM_KERNEL_CACHE") or platformdirs.user_cache_path("Tandem") / "kernels")
+
+
+@cache
+def load(name: str) -> ctypes.CDLL | None:
+    """The compiled `name`.c from this folder, or None where it cannot be had (see the module docstring)."""
+    if os.environ.get("TANDEM_NO_CPU_KERNELS", "") not in ("", "0"):
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        return None
+    source = (_SOURCES / f"{name}.c").read_bytes()
+    key = hashlib.sha256(
+        b"\0".join(
+            [
+                source,
+                " ".join(FLAGS + _THREADS).encode(),
+                compiler.encode(),
+                _cpu_flags().encode(),
+                platform.machine().encode(),
+            ]
+        )
+    ).hexdigest()[:20]
+    target = cache_folder() / f"{name}-{key}.so"
+    try:
+        if not target.exists():
+            _build(compiler, _SOURCES / f"{name}.c", target)
+        return ctypes.CDLL(str(target))
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("CPU kernel %s could not be built or loaded (%s); using the torch twin instead", name, exc)
+        return None
+
+
+def _build(compiler: str, source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(prefix=target.stem, suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        for threads in _THREADS:
+            done = subprocess.run(
+                [compiler, *FLAGS, threads, "-o", partial, str(source), "-lm"],
+                capture_output=True,
+                text=True,
+                timeout=_BUILD_TIMEOUT_S,
+            )
+            if done.returncode == 0:
+                break
+        else:
+            raise subprocess.SubprocessError(f"{compiler} exited with {done.returncode}: {done.stderr.strip()[-2000:]}")
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)

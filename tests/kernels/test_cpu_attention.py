@@ -1,0 +1,148 @@
+"""The fused C decode kernel (kernels/cpu/attention.py) against its torch twin (which is checked against dense
+attention in test_paged_decode.py).
+
+Layouts tried: pages in one run, runs with free pages between them, scattered ids, prefix pages shared by
+several sequences, lengths ending on a page boundary, one-token sequences, long sequences over many 16-token
+blocks and pages, sliding windows; both memory layouts of the cache (plain and the CPU's head-major one);
+float32 and bfloat16; head sizes 64 and 128 (the vector path's instances), 8 and 24 (the portable path) and
+GQA groups 1, 3, 7 and 12 (12 has no instance of its own). It must decline prompts, float16 caches and head
+sizes over 256, and a whole model must decode the same greedy tokens with it as with the twins.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from kernels.cpu import attention as cpu_attention
+from kernels.cpu import build
+from kernels.torch_ref.paged_decode import decode_attention
+
+pytestmark = pytest.mark.skipif(build.load("paged_decode") is None, reason="no C compiler to build the CPU kernel")
+
+
+def make_cache(num_pages, page_size, hkv, d, dtype, head_major, g):
+    if head_major:  # the CPU cache's memory: [pages, heads, slots, dim], seen as [pages, slots, heads, dim]
+        return torch.randn(num_pages, hkv, page_size, d, generator=g).to(dtype).permute(0, 2, 1, 3)
+    return torch.randn(num_pages, page_size, hkv, d, generator=g).to(dtype)
+
+
+def compare(tables, lengths, page_size=4, hq=6, hkv=2, d=8, window=None, seed=0, dtype=torch.float32, head_major=True):
+    g = torch.Generator().manual_seed(seed)
+    num_pages = max(max(t) for t in tables) + 1
+    k_cache = make_cache(num_pages, page_size, hkv, d, dtype, head_major, g)
+    v_cache = make_cache(num_pages, page_size, hkv, d, dtype, head_major, g)
+    q = torch.randn(len(tables), hq, d, generator=g).to(dtype)
+    width = max(len(t) for t in tables)
+    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    seq_lens = torch.tensor(lengths)
+    got = cpu_attention.paged_attention(
+        q, k_cache, v_cache, block_tables, seq_lens, [1] * len(tables), lengths, 0.3, window
+    )
+    assert got is not None, "the C kernel declined a decode step it handles"
+    want = decode_attention(q.float(), k_cache.float(), v_cache.float(), block_tables, lengths, 0.3, window)
+    assert got.dtype == dtype and got.shape == want.shape
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want, atol=tolerance, rtol=tolerance)
+
+
+CASES = {
+    "one run": ([[0, 1, 2], [3], [4, 5]], [9, 4, 6]),
+    "run with free pages between": ([[0, 1], [3], [6, 7]], [5, 2, 8]),
+    "scattered": ([[7, 2, 5], [0]], [10, 1]),
+    "shared prefix pages": ([[0, 1, 2], [0, 1, 3], [0, 4]], [11, 12, 6]),
+    "page boundaries": ([[0, 1], [2, 3]], [8, 4]),
+    "one token each": ([[0], [1], [2]], [1, 1, 1]),
+}
+
+
+@pytest.mark.parametrize("head_major", [True, False], ids=["head-major", "plain"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_layouts(name, head_major):
+    tables, lengths = CASES[name]
+    compare(tables, lengths, head_major=head_major)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize(("d", "hq", "hkv"), [(64, 9, 3), (128, 8, 2), (64, 12, 1), (64, 7, 7), (8, 6, 2), (24, 6, 3)])
+def test_head_sizes_groups_and_dtypes(d, hq, hkv, dtype):
+    # many 16-token blocks and pages, a length ending inside a block, and one ending on a block boundary
+    tables = [[0, 1, 2, 3, 4], [5, 6], [7]]
+    compare(tables, [75, 32, 3], page_size=16, hq=hq, hkv=hkv, d=d, dtype=dtype, seed=d + hq)
+
+
+@pytest.mark.parametrize("window", [1, 3, 17, 40, 1000])
+def test_sliding_window(window):
+    compare([[0, 1, 2, 3], [4, 5]], [60, 20], page_size=16, hq=9, hkv=3, d=64, window=window)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_layouts(seed):
+    rng = random.Random(seed)
+    page_size = rng.choice([4, 16, 32])
+    pages = list(range(40))
+    rng.shuffle(pages)
+    tables, lengths = [], []
+    for _ in range(rng.randint(1, 6)):
+        length = rng.randint(1, 4 * page_size)
+        tables.append([pages.pop() for _ in range((length + page_size - 1) // page_size)])
+        lengths.append(length)
+    d = rng.choice([16, 64])
+    compare(
+        tables,
+        lengths,
+        page_size=page_size,
+        hq=4,
+        hkv=2,
+        d=d,
+        seed=seed,
+        dtype=rng.choice([torch.float32, torch.bfloat16]),
+    )
+
+
+def decline_args(dtype=torch.float32, d=8, query_lens=(1, 1)):
+    k_cache = torch.zeros(4, 4, 2, d, dtype=dtype)
+    q = torch.zeros(sum(query_lens), 4, d, dtype=dtype)
+    tables = torch.tensor([[0, 1], [2, 3]])
+    return q, k_cache, k_cache.clone(), tables, torch.tensor([5, 6]), list(query_lens), [5, 6], 0.5
+
+
+@pytest.mark.parametrize(
+    "args",
+    [decline_args(query_lens=(2, 1)), decline_args(dtype=torch.float16), decline_args(d=512)],
+    ids=["prompt tokens", "float16", "head size 512"],
+)
+def test_declines_what_it_does_not_handle(args):
+    assert cpu_attention.paged_attention(*args) is None
+
+
+def test_a_model_decodes_the_same_greedy_tokens_as_with_the_twins(tiny_model, monkeypatch):
+    from engine import Cache, DynamicGenerator, DynamicJob, SamplerSettings
+
+    calls = []
+    kernel = cpu_attention._kernel
+
+    def counted():
+        calls.append(1)
+        return kernel()
+
+    def decode():
+        generator = DynamicGenerator(tiny_model, Cache(tiny_model, max_seq_len=256, page_size=16), tiny_model.tokenizer)
+        prompts = [[1, 5, 9, 13, 2], [1] + [7] * 30 + [3], [1, 4]]
+        jobs = [DynamicJob(p, 24, min_new_tokens=24, gen_settings=SamplerSettings.greedy()) for p in prompts]
+        generator.enqueue(jobs)
+        tokens = {id(job): [] for job in jobs}
+        while generator.num_remaining_jobs():
+            for result in generator.iterate():
+                if result["stage"] == "streaming":
+                    tokens[id(result["job"])] += result["token_ids"].flatten().tolist()
+        return [tokens[id(job)] for job in jobs]
+
+    monkeypatch.setattr(cpu_attention, "_kernel", counted)
+    with_kernel = decode()
+    assert calls, "decode steps did not reach the C kernel"
+    monkeypatch.setattr(cpu_attention, "_kernel", lambda: None)
+    with_twins = decode()
+    assert with_kernel == with_twins and all(len(t) == 24 for t in with_kernel)

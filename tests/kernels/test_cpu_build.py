@@ -1,0 +1,50 @@
+"""Building and loading the C kernels (kernels/cpu/build.py): the cached library is reused, a compiler that
+fails or is missing leaves the ops on the torch twins with one warning and no half-written file, and
+TANDEM_NO_CPU_KERNELS turns the kernels off."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+
+from kernels.cpu import build
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """An empty kernel cache folder and no remembered libraries, restored afterwards."""
+    monkeypatch.setenv("TANDEM_KERNEL_CACHE", str(tmp_path / "kernels"))
+    build.load.cache_clear()
+    yield tmp_path / "kernels"
+    build.load.cache_clear()
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_builds_once_and_reuses_the_cached_library(fresh):
+    assert build.load("paged_decode") is not None
+    (library,) = fresh.glob("paged_decode-*.so")
+    built_at = library.stat().st_mtime_ns
+    build.load.cache_clear()
+    assert build.load("paged_decode") is not None
+    assert list(fresh.glob("paged_decode-*.so")) == [library] and library.stat().st_mtime_ns == built_at
+    assert not list(fresh.glob("*.tmp"))
+
+
+def test_a_failing_compiler_falls_back_with_a_warning(fresh, monkeypatch, caplog):
+    monkeypatch.setenv("CC", "false")  # exits 1 without writing anything
+    with caplog.at_level(logging.WARNING, logger="kernels.cpu.build"):
+        assert build.load("paged_decode") is None
+    assert "using the torch twin" in caplog.text and "exited with 1" in caplog.text
+    assert not list(fresh.glob("*"))
+
+
+def test_a_missing_compiler_falls_back_quietly(fresh, monkeypatch, caplog):
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    assert build.load("paged_decode") is None and not caplog.text
+
+
+def test_the_switch_turns_the_kernels_off(fresh, monkeypatch):
+    monkeypatch.setenv("TANDEM_NO_CPU_KERNELS", "1")
+    assert build.load("paged_decode") is None and not fresh.exists()
