@@ -1,8 +1,11 @@
 """Decode attention on CPU tensors through the fused C kernel (paged_decode.c).
 
-It takes the `paged_attention` op when every sequence has exactly one new query (a decode step) and the
-cache is float32 or bfloat16 on the CPU; anything else (prompts, float16, CUDA, head sizes over 256, GQA
-groups over 16) returns None and goes to the next backend.
+It takes the `paged_attention` op when every sequence has at most `MAX_QUERIES` new tokens (a decode step,
+or the few tokens a speculative step verifies) and the cache is float32 or bfloat16 on the CPU; anything
+else (prompts, float16, CUDA, head sizes over 256, GQA groups over 16) returns None and goes to the next
+backend. The kernel serves one query per row: a sequence with several new tokens becomes one row per token,
+each seeing the keys up to its own position. So a verified draft token is scored by the same arithmetic as
+the same token decoded alone, and greedy speculation gives plain decoding's text.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from kernels.cpu import build
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _MAX_DIM, _MAX_GROUP = 256, 16
+# Each row reads its sequence's keys again, so many new tokens (a prompt) are left to the prefill path.
+MAX_QUERIES = 16
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
@@ -44,9 +49,9 @@ def paged_attention(
 ) -> torch.Tensor | None:
     if k_cache.device.type != "cpu" or k_cache.dtype not in _DTYPES or v_cache.dtype != k_cache.dtype:
         return None
-    if any(n != 1 for n in query_lens) or q.shape[0] != len(query_lens):
+    if not query_lens or max(query_lens) > MAX_QUERIES or q.shape[0] != sum(query_lens):
         return None
-    num_seqs, num_q_heads, head_dim = q.shape
+    num_rows, num_q_heads, head_dim = q.shape
     num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
     if head_dim > _MAX_DIM or num_q_heads % num_kv_heads or num_q_heads // num_kv_heads > _MAX_GROUP:
         return None
@@ -56,8 +61,16 @@ def paged_attention(
     if fn is None:
         return None
     q = q.to(k_cache.dtype).contiguous()
-    tables = block_tables.to(device="cpu", dtype=torch.int64).contiguous()
-    lens = seq_lens.to(device="cpu", dtype=torch.int64).contiguous()
+    tables = block_tables.to(device="cpu", dtype=torch.int64)
+    if num_rows == len(query_lens):
+        lens = seq_lens.to(device="cpu", dtype=torch.int64).contiguous()
+    else:  # one row per new token, each with its sequence's page table and its own length
+        counts = torch.tensor(query_lens, dtype=torch.int64)
+        tables = tables.repeat_interleave(counts, dim=0)
+        lens = torch.tensor(
+            [end - n + j + 1 for n, end in zip(query_lens, seq_lens_host) for j in range(n)], dtype=torch.int64
+        )
+    tables = tables.contiguous()
     out = torch.empty_like(q)
     status = fn(
         q.data_ptr(),
@@ -70,7 +83,7 @@ def paged_attention(
         tables.data_ptr(),
         tables.stride(0),
         lens.data_ptr(),
-        num_seqs,
+        num_rows,
         num_q_heads,
         num_kv_heads,
         head_dim,

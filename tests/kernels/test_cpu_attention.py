@@ -5,7 +5,8 @@ Layouts tried: pages in one run, runs with free pages between them, scattered id
 several sequences, lengths ending on a page boundary, one-token sequences, long sequences over many 16-token
 blocks and pages, sliding windows; both memory layouts of the cache (plain and the CPU's head-major one);
 float32 and bfloat16; head sizes 64 and 128 (the vector path's instances), 8 and 24 (the portable path) and
-GQA groups 1, 3, 7 and 12 (12 has no instance of its own). It must decline prompts, float16 caches and head
+GQA groups 1, 3, 7 and 12 (12 has no instance of its own); several new tokens per sequence (a speculative
+step), each equal to decoding it alone. It must decline prompts (over 16 new tokens), float16 caches and head
 sizes over 256, and a whole model must decode the same greedy tokens with it as with the twins.
 """
 
@@ -18,6 +19,7 @@ import torch
 
 from kernels.cpu import attention as cpu_attention
 from kernels.cpu import build
+from kernels.torch_ref.attention import paged_attention as twin_attention
 from kernels.torch_ref.paged_decode import decode_attention
 
 pytestmark = pytest.mark.skipif(build.load("paged_decode") is None, reason="no C compiler to build the CPU kernel")
@@ -102,16 +104,38 @@ def test_random_layouts(seed):
     )
 
 
+@pytest.mark.parametrize("window", [None, 3], ids=["causal", "window 3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_several_new_tokens_per_sequence_match_the_twin(dtype, window):
+    # a speculative step: sequences verifying 3, 1 and 6 new tokens over their cached history
+    g = torch.Generator().manual_seed(7)
+    k_cache = make_cache(12, 8, 2, 64, dtype, True, g)
+    v_cache = make_cache(12, 8, 2, 64, dtype, True, g)
+    query_lens, seq_lens = [3, 1, 6], [20, 9, 6]
+    q = torch.randn(sum(query_lens), 6, 64, generator=g).to(dtype)
+    tables = torch.tensor([[4, 0, 7], [2, 9, 0], [11, 0, 0]])
+    args = (tables, torch.tensor(seq_lens), query_lens, seq_lens, 0.3, window)
+    got = cpu_attention.paged_attention(q, k_cache, v_cache, *args)
+    want = twin_attention(q.float(), k_cache.float(), v_cache.float(), *args)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want, atol=tolerance, rtol=tolerance)
+    # each verified token gets what decoding it alone gives
+    alone = cpu_attention.paged_attention(
+        q[2:3], k_cache, v_cache, tables[:1], torch.tensor([20]), [1], [20], 0.3, window
+    )
+    assert torch.equal(got[2], alone[0])
+
+
 def decline_args(dtype=torch.float32, d=8, query_lens=(1, 1)):
-    k_cache = torch.zeros(4, 4, 2, d, dtype=dtype)
+    k_cache = torch.zeros(10, 4, 2, d, dtype=dtype)
     q = torch.zeros(sum(query_lens), 4, d, dtype=dtype)
-    tables = torch.tensor([[0, 1], [2, 3]])
-    return q, k_cache, k_cache.clone(), tables, torch.tensor([5, 6]), list(query_lens), [5, 6], 0.5
+    tables = torch.tensor([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]])
+    return q, k_cache, k_cache.clone(), tables, torch.tensor([17, 6]), list(query_lens), [17, 6], 0.5
 
 
 @pytest.mark.parametrize(
     "args",
-    [decline_args(query_lens=(2, 1)), decline_args(dtype=torch.float16), decline_args(d=512)],
+    [decline_args(query_lens=(17, 1)), decline_args(dtype=torch.float16), decline_args(d=512)],
     ids=["prompt tokens", "float16", "head size 512"],
 )
 def test_declines_what_it_does_not_handle(args):
