@@ -5,7 +5,7 @@ the group size; `scales_and_zeros` is [K / g, N, 2] (scale, zero) in the activat
 the layout of `torch.ops.aten._convert_weight_to_int4pack_for_cpu`, which depends on N and on the CPU's vector
 width, so the twin never hard-codes it: it learns the inverse by packing index patterns through the same
 converter (`unpack_int4`). Where the layout turns out to be the row-block one this CPU uses (checked once per
-shape against the converter, see `_row_block`), unpacking is a reshape instead of a gather.
+shape against the converter, see `row_block`), unpacking is a reshape instead of a gather.
 
 `_weight_int4pack_mm_for_cpu` costs about the same per row of x whatever the number of rows (it is a loop of
 matrix-vector products), so for prompt-sized inputs `linear_int4_cpu` dequantizes the weight and runs one
@@ -74,7 +74,7 @@ def _unpack_blocks(packed: torch.Tensor, block: int) -> torch.Tensor:
 
 
 @lru_cache(maxsize=32)
-def _row_block(num_rows: int, num_cols: int) -> int:
+def row_block(num_rows: int, num_cols: int) -> int:
     """The row-block width the converter uses for this shape on this CPU, or 0 if it is none of the known
     ones (packing random values and comparing leaves no room for a coincidence)."""
     q = torch.randint(0, 16, (num_rows, num_cols), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
@@ -88,7 +88,7 @@ def _row_block(num_rows: int, num_cols: int) -> int:
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     """The integer weights [N, K] (uint8, 0..15) that `pack_int4` packed into `packed` [N, K / 2]."""
     num_rows, num_cols = packed.shape[0], packed.shape[1] * 2
-    block = _row_block(num_rows, num_cols)
+    block = row_block(num_rows, num_cols)
     if block:
         return _unpack_blocks(packed, block)
     flat = packed.reshape(-1)
@@ -163,7 +163,7 @@ def linear_int4_cpu(
     if bias is not None and (bias.dtype != x.dtype or bias.device.type != "cpu"):
         return None
     rows = x.reshape(-1, num_cols)
-    if rows.shape[0] >= DENSE_FROM_ROWS and _row_block(packed.shape[0], num_cols):
+    if rows.shape[0] >= DENSE_FROM_ROWS and row_block(packed.shape[0], num_cols):
         return F.linear(x, _weight(packed, scales_and_zeros, group_size, low, x.dtype), bias)
     rows = rows.contiguous()
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, packed, group_size, scales_and_zeros)

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import dispatch, ops
+from kernels.cpu import int4 as cpu_int4
 from kernels.torch_ref import quant
 
 # (tokens, out_features N, in_features K, group size): N multiples of 16 and of 64 (two packed layouts),
@@ -104,8 +105,8 @@ def test_op_uses_the_cpu_kernel_and_forced_reference_uses_the_twin(monkeypatch):
     packed = quant.pack_int4(q)
     x = torch.randn(3, 128)
     monkeypatch.setattr(dispatch, "_force_reference", False)
-    assert dispatch.candidates("linear_int4") == [quant.linear_int4_cpu, quant.linear_int4]
-    assert torch.equal(ops.linear_int4(x, packed, sz, 32), quant.linear_int4_cpu(x, packed, sz, 32))
+    assert dispatch.candidates("linear_int4") == [cpu_int4.linear_int4, quant.linear_int4_cpu, quant.linear_int4]
+    assert torch.equal(ops.linear_int4(x, packed, sz, 32), quant.linear_int4_cpu(x, packed, sz, 32))  # float32 x
     monkeypatch.setattr(dispatch, "_force_reference", True)  # what TANDEM_FORCE_REFERENCE=1 sets
     assert dispatch.candidates("linear_int4") == [quant.linear_int4]
     weight = quant.dequantize_int4(packed, sz, 32, torch.float32)
@@ -131,7 +132,7 @@ def test_prompt_sized_inputs_take_the_dense_path_and_agree_with_the_int4_kernel(
     x = torch.randn(quant.DENSE_FROM_ROWS + 3, num_cols, generator=torch.Generator().manual_seed(5)).to(dtype)
     dense = quant.linear_int4_cpu(x, packed, sz, group)
     kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, sz)
-    if quant._row_block(num_rows, num_cols):  # the dense path needs the fast unpack
+    if quant.row_block(num_rows, num_cols):  # the dense path needs the fast unpack
         assert not torch.equal(dense, kernel)  # a different computation, so not bit-identical...
     tol = 1e-4 if dtype == torch.float32 else 0.03 * kernel.float().abs().max().item()
     torch.testing.assert_close(dense.float(), kernel.float(), rtol=1e-4, atol=tol)  # ...but the same product

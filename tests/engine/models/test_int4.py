@@ -15,7 +15,7 @@ import torch
 from engine.cache import Cache
 from engine.models import Batch, Model
 from engine.models.linear import Linear, QuantizedWeight, SplitWeight
-from kernels import dispatch
+from kernels import dispatch, ops
 from kernels.torch_ref import quant
 
 # The GGUF writer the loading tests use (tests are not a package, so load it by path).
@@ -92,6 +92,29 @@ def test_forced_reference_gives_the_same_logits(tmp_path, monkeypatch):
     monkeypatch.setattr(dispatch, "_force_reference", True)  # what TANDEM_FORCE_REFERENCE=1 sets
     assert dispatch.candidates("linear_int4") == [quant.linear_int4]
     torch.testing.assert_close(_logits(packed, PROMPT), fast, rtol=1e-5, atol=1e-4)
+
+
+def test_a_batched_bfloat16_decode_step_through_the_c_kernel_matches_torchs_int4_kernel(tmp_path, monkeypatch):
+    from kernels.cpu import int4 as cpu_int4
+
+    model = Model.load(_write(tmp_path, "LlamaForCausalLM", "Q4_1"), dtype=torch.bfloat16)
+    cache = Cache(model, max_seq_len=128, page_size=16)
+    tables, lengths = [[0, 1], [2, 3], [4], [5, 6, 7]], [5, 17, 3, 40]
+    for table, n in zip(tables, lengths):  # fill each sequence's history
+        batch = Batch.build(cache, [table], [0], [n])
+        model(torch.arange(1, n + 1) % 20, batch.positions(), batch)
+    step = Batch.build(cache, tables, lengths, [1] * 4)  # one new token each, as a decode step
+    calls = []
+    kernel = cpu_int4._kernel
+    monkeypatch.setattr(cpu_int4, "_kernel", lambda: calls.append(1) or kernel())
+    ours = model(torch.tensor([3, 9, 12, 18]), step.positions(), step).float()
+    if kernel() is None:
+        pytest.skip("no C compiler or no AVX512-BF16: the C kernel is not built here")
+    assert calls, "the decode step did not reach the C kernel"
+    monkeypatch.setattr(cpu_int4, "_kernel", lambda: None)
+    theirs = model(torch.tensor([3, 9, 12, 18]), step.positions(), step).float()
+    torch.testing.assert_close(ours, theirs, rtol=0.05, atol=0.05 * theirs.abs().max().item())
+    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
 
 
 def test_bfloat16_on_cpu_packs_by_default_and_float32_does_not(tmp_path):
@@ -207,8 +230,9 @@ def test_a_packed_tied_head_uses_the_embeddings_for_many_rows(starter_gguf):
     few = torch.randn(FLOAT_FROM_ROWS - 1, 576, generator=g).bfloat16()
     many = torch.randn(FLOAT_FROM_ROWS, 576, generator=g).bfloat16()
     assert torch.equal(head(many), torch.nn.functional.linear(many, embeddings))
-    planes = quant.linear_int4_cpu(few, head.packed, head.scales_and_zeros, 32)
-    planes = planes + quant.linear_int4_cpu(few, head.packed_low, head.scales_and_zeros_low, 32)
+    planes = ops.linear_int4(
+        few, head.packed, head.scales_and_zeros, 32, low=(head.packed_low, head.scales_and_zeros_low)
+    )
     assert torch.equal(head(few), planes)
     exact = torch.nn.functional.linear(few.float(), embeddings.float())
     torch.testing.assert_close(head(few).float(), exact, rtol=0.02, atol=0.15)  # two bf16 roundings of |x| ~ 16

@@ -151,9 +151,7 @@ def test_bad_pictures_are_named(towers):
 
 def test_missing_tensor_is_named(towers):
     hf, _ = towers
-    tensors = {
-        k: v for k, v in hf.state_dict().items() if k != "transformer.layers.2.feed_forward.up_proj.weight"
-    }
+    tensors = {k: v for k, v in hf.state_dict().items() if k != "transformer.layers.2.feed_forward.up_proj.weight"}
     with torch.device("meta"):
         tower = PixtralVisionTower(PixtralVisionConfig.from_hf_dict(HF_CONFIG.to_dict()))
     with pytest.raises(TensorMismatchError, match=r"layers\.2\.feed_forward\.up_proj\.weight.*Pixtral"):
@@ -169,9 +167,7 @@ def _llava_config(**top) -> ModelConfig:
 
 
 def test_llava_with_a_pixtral_config_is_pixtral_12b_shaped():
-    ref = transformers.LlavaConfig(
-        vision_config={"model_type": "pixtral"}, vision_feature_select_strategy="full"
-    )
+    ref = transformers.LlavaConfig(vision_config={"model_type": "pixtral"}, vision_feature_select_strategy="full")
     config = _llava_config(vision_feature_select_strategy="full")
     assert model_class(config.architecture) is LlavaForConditionalGeneration
     with torch.device("meta"):
@@ -196,9 +192,7 @@ def test_llava_with_pixtral_refuses_dropping_the_first_patch():
 
 
 def test_clip_llava_is_still_built_by_its_own_class():
-    config = ModelConfig.from_hf_dict(
-        {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava"}
-    )
+    config = ModelConfig.from_hf_dict({"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava"})
     with torch.device("meta"):
         model = LlavaForConditionalGeneration(config)
     assert type(model) is LlavaForConditionalGeneration

@@ -67,9 +67,7 @@ def test_pixels_match_transformers(config_name):
         ref = reference(images=[img], return_tensors="pt")
         got = ours(img)
         assert tuple(ref["image_sizes"][0].tolist()) == tuple(got.shape[1:]), name
-        torch.testing.assert_close(
-            got, ref["pixel_values"][0], atol=1e-5, rtol=0, msg=f"{config_name}: {name}"
-        )
+        torch.testing.assert_close(got, ref["pixel_values"][0], atol=1e-5, rtol=0, msg=f"{config_name}: {name}")
         if CONFIGS[config_name].get("do_resize", True):
             assert got.shape[1] % ours.patch_size == 0 and got.shape[2] % ours.patch_size == 0
 
@@ -107,9 +105,7 @@ def test_layout_rows_break_and_end():
 def test_from_folder_reads_transformers_files(tmp_path):
     reference = transformers.PixtralImageProcessorPil(size={"longest_edge": 40}, patch_size=8)
     reference.save_pretrained(tmp_path)
-    assert json.loads((tmp_path / "preprocessor_config.json").read_text())["image_processor_type"].startswith(
-        "Pixtral"
-    )
+    assert json.loads((tmp_path / "preprocessor_config.json").read_text())["image_processor_type"].startswith("Pixtral")
     plain = PixtralImageProcessor.from_folder(tmp_path)
     assert (plain.patch_size, plain.max_hw, plain.stated_patch_size) == (8, (40, 40), None)
     assert (plain.image_token, plain.image_break_token, plain.image_end_token) == (
@@ -121,9 +117,7 @@ def test_from_folder_reads_transformers_files(tmp_path):
     torch.testing.assert_close(plain(img), reference(images=[img], return_tensors="pt")["pixel_values"][0])
     # A Mistral 3 folder: the processor states its patch and merge and names the tokens.
     (tmp_path / "processor_config.json").write_text(
-        json.dumps(
-            {"patch_size": 4, "spatial_merge_size": 2, "image_break_token": "<brk>", "image_end_token": "<e>"}
-        )
+        json.dumps({"patch_size": 4, "spatial_merge_size": 2, "image_break_token": "<brk>", "image_end_token": "<e>"})
     )
     merged = PixtralImageProcessor.from_folder(tmp_path, patch_size=8)
     assert (merged.patch_size, merged.stated_patch_size) == (8, 8)
