@@ -231,7 +231,13 @@ def test_bulk_processing_with_timing(exl, capsys):
 
 
 def test_speculative_decoding_with_draft_model(exl, starter_gguf):
-    model, tokenizer = exl.model, exl.tokenizer
+    # test: float32 models. Greedy speculation equals plain decoding in float32; in bfloat16 the verify pass
+    # (several rows per matmul) rounds differently from one-row decode steps, and a near-tie may flip.
+    config = ExLlamaV2Config(str(starter_gguf))
+    config.prepare()
+    config.dtype = torch.float32
+    model, tokenizer = ExLlamaV2(config), exl.tokenizer
+    model.load_autosplit(ExLlamaV2Cache(model, max_seq_len=256, lazy=True))
     # test: caches of their own, since two generators must not share one cache's pages
     cache = ExLlamaV2Cache(model, max_seq_len=1024, lazy=True)
     plain = ExLlamaV2DynamicGenerator(
@@ -242,6 +248,7 @@ def test_speculative_decoding_with_draft_model(exl, starter_gguf):
     # Load draft model
     draft_config = ExLlamaV2Config(str(starter_gguf))
     draft_config.prepare()
+    draft_config.dtype = torch.float32  # test
     draft_model = ExLlamaV2(draft_config)
     draft_cache = ExLlamaV2Cache(draft_model, max_seq_len=1024, lazy=True)  # test: max_seq_len as the cache's
     draft_model.load_autosplit(draft_cache, callback=lambda done, total: calls.append((done, total)))  # test
