@@ -9,6 +9,7 @@ import torch
 from kernels import dispatch
 from kernels import triton as triton_kernels  # imports triton itself only on the first CUDA call
 from kernels.cpu import attention as cpu_attention
+from kernels.cpu import elementwise as cpu_elementwise
 from kernels.cpu import int4 as cpu_int4
 from kernels.torch_ref import activation, attention, norm, quant, rope
 
@@ -26,6 +27,10 @@ dispatch.register("paged_attention", cpu_attention.paged_attention)
 dispatch.register("rms_norm", triton_kernels.rms_norm)
 dispatch.register("apply_rope", triton_kernels.apply_rope)
 dispatch.register("silu_and_mul", triton_kernels.silu_and_mul)
+# bfloat16 CPU tensors: one C pass each instead of several torch ops.
+dispatch.register("rms_norm", cpu_elementwise.rms_norm)
+dispatch.register("apply_rope", cpu_elementwise.apply_rope)
+dispatch.register("silu_and_mul", cpu_elementwise.silu_and_mul)
 # A few rows of bf16 x: the C kernel unpacks the weight once for all of them; else torch's int4 kernel.
 dispatch.register("linear_int4", cpu_int4.linear_int4)
 dispatch.register("linear_int4", quant.linear_int4_cpu)

@@ -1,0 +1,86 @@
+"""RMSNorm, rotary embedding and SiLU-and-multiply in C (kernels/cpu/elementwise.py) against the torch twins.
+
+Tried: 1, 16 and 4554 rows, 3-D inputs, rows that are views of wider tensors (q inside a fused qkv
+projection), odd widths, partial rotary dims, gate values of +-100, 0 and NaN. Rotary and the residual sum
+must equal the twins to the bit; RMSNorm and SiLU within one or two bfloat16 roundings (the float32 sum's
+order and the exp differ). float32 inputs or tables, float32 norm weights and non-unit strides are declined.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu import build
+from kernels.cpu import elementwise as cpu
+from kernels.torch_ref import activation, norm, rope
+
+pytestmark = pytest.mark.skipif(build.load("elementwise") is None, reason="no C compiler to build the CPU kernels")
+
+
+def randn(*shape, seed=0, scale=1.0):
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(torch.bfloat16)
+
+
+def within_roundings(got, want, roundings=1):
+    """Equal up to `roundings` bfloat16 roundings (2^-8 relative each) that went the other way."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got.float(), want.float(), rtol=roundings * 2**-7, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (16, 576), (4554, 576), (3, 5, 65)])
+@pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "residual"])
+def test_rms_norm(shape, with_residual):
+    x, weight = randn(*shape, seed=1, scale=3), randn(shape[-1], seed=2)
+    residual = randn(*shape, seed=3) if with_residual else None
+    got, got_sum = cpu.rms_norm(x, weight, 1e-5, residual)
+    want, want_sum = norm.rms_norm(x, weight, 1e-5, residual)
+    within_roundings(got, want, 2)  # the normalized value is rounded, then its product with the weight
+    assert (got != want).float().mean() < 0.01  # nearly all to the bit
+    assert (got_sum is None and want_sum is None) or torch.equal(got_sum, want_sum)
+
+
+def test_rms_norm_of_rows_inside_a_wider_tensor():
+    wide = randn(8, 200, seed=4)
+    x, weight = wide[:, 20:84], randn(64, seed=5)
+    within_roundings(cpu.rms_norm(x, weight, 1e-6)[0], norm.rms_norm(x, weight, 1e-6)[0], 2)
+
+
+def tables(tokens, rot, seed):
+    positions = torch.randint(0, 4000, (tokens,), generator=torch.Generator().manual_seed(seed)).float()
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rot, 2).float() / rot))
+    angles = torch.outer(positions, inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+
+
+@pytest.mark.parametrize(("tokens", "rot"), [(1, 64), (16, 64), (4554, 64), (7, 32)])
+def test_rope_equals_the_twin_to_the_bit(tokens, rot):
+    qkv = randn(tokens, 9 * 64 + 2 * 3 * 64, seed=tokens)
+    q = qkv[:, : 9 * 64].view(tokens, 9, 64)  # token rows are the fused projection's rows apart
+    cos, sin = tables(tokens, rot, tokens)
+    assert torch.equal(cpu.apply_rope(q, cos, sin), rope.apply_rope(q, cos, sin))
+
+
+@pytest.mark.parametrize("rows", [1, 16, 4554])
+def test_silu_and_mul(rows):
+    x = randn(rows, 2 * 1536, seed=rows, scale=4)
+    x[0, :4] = torch.tensor([100.0, -100.0, 0.0, float("nan")], dtype=torch.bfloat16)
+    got, want = cpu.silu_and_mul(x), activation.silu_and_mul(x)
+    assert torch.isnan(got[0, 3]) and torch.isnan(want[0, 3])
+    got[0, 3] = want[0, 3] = 0
+    within_roundings(got, want)
+    assert (got != want).float().mean() < 0.001
+
+
+def test_declines_what_it_does_not_handle():
+    x, weight = randn(4, 64), randn(64)
+    assert cpu.rms_norm(x.float(), weight.float(), 1e-5) is None
+    assert cpu.rms_norm(x, weight.float(), 1e-5) is None  # a float32 weight would give float32 out
+    assert cpu.rms_norm(randn(64, 4).t(), weight, 1e-5) is None  # columns, not rows
+    cos, sin = tables(4, 64, 0)
+    q = randn(4, 2, 64)
+    assert cpu.apply_rope(q, cos.float(), sin.float()) is None
+    assert cpu.apply_rope(q.float(), cos, sin) is None
+    assert cpu.silu_and_mul(randn(4, 7)) is None  # no even split into gate and up
+    assert cpu.silu_and_mul(randn(4, 64).float()) is None
