@@ -12,6 +12,7 @@ from engine.config import ModelConfig
 from engine.errors import MissingFileError, ModelLoadError
 from engine.models.base import Model
 from engine.models.registry import model_class
+from kernels.cpu import build as cpu_kernels
 
 log = logging.getLogger(__name__)
 
@@ -88,5 +89,7 @@ def load_model(
     model.rope.inv_freq = model.rope.inv_freq.to(device)
     model.source_path = path
     model.eval().requires_grad_(False)
+    if device.type == "cpu":
+        cpu_kernels.prepare()  # compiled once per machine; later loads find them cached
     log.info("loaded %s (%s) from %s as %s on %s", config.architecture, model.__class__.__name__, path, target, device)
     return model

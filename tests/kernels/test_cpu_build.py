@@ -48,3 +48,17 @@ def test_a_missing_compiler_falls_back_quietly(fresh, monkeypatch, caplog):
 def test_the_switch_turns_the_kernels_off(fresh, monkeypatch):
     monkeypatch.setenv("TANDEM_NO_CPU_KERNELS", "1")
     assert build.load("paged_decode") is None and not fresh.exists()
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_prepare_builds_every_kernel(fresh):
+    build.prepare()
+    assert sorted(p.name.split("-")[0] for p in fresh.glob("*.so")) == sorted(build.KERNELS)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_loading_a_model_on_the_cpu_prepares_the_kernels(fresh, tiny_folder):
+    from engine import Model
+
+    Model.load(tiny_folder)
+    assert len(list(fresh.glob("*.so"))) == len(build.KERNELS)
