@@ -1,4 +1,4 @@
-"""The fused C decode kernel (kernels/cpu/attention.py) against its torch twin (which is checked against dense
+"""The C decode and prefill kernels (kernels/cpu/attention.py) against their torch twin (which is checked against dense
 attention in test_paged_decode.py).
 
 Layouts tried: pages in one run, runs with free pages between them, scattered ids, prefix pages shared by
@@ -6,7 +6,9 @@ several sequences, lengths ending on a page boundary, one-token sequences, long 
 blocks and pages, sliding windows; both memory layouts of the cache (plain and the CPU's head-major one);
 float32 and bfloat16; head sizes 64 and 128 (the vector path's instances), 8 and 24 (the portable path) and
 GQA groups 1, 3, 7 and 12 (12 has no instance of its own); several new tokens per sequence (a speculative
-step), each equal to decoding it alone. It must decline prompts (over 16 new tokens), float16 caches and head
+step), each equal to decoding it alone. Prompts (over 16 new tokens, bfloat16, AVX512-BF16): alone, over a
+cached history (a later chunk), several of different lengths at once, shared and scattered pages, sliding
+windows, head sizes 32, 64 and 128, groups 1, 3 and 8. The decode kernel must decline prompts, float16 caches and head
 sizes over 256, and a whole model must decode the same greedy tokens with it as with the twins.
 """
 
@@ -170,3 +172,72 @@ def test_a_model_decodes_the_same_greedy_tokens_as_with_the_twins(tiny_model, mo
     monkeypatch.setattr(cpu_attention, "_kernel", lambda: None)
     with_twins = decode()
     assert with_kernel == with_twins and all(len(t) == 24 for t in with_kernel)
+
+
+prefill_available = pytest.mark.skipif(
+    build.load("paged_prefill") is None
+    or cpu_attention._prefill(
+        torch.zeros(17, 2, 32, dtype=torch.bfloat16),
+        torch.zeros(2, 16, 2, 32, dtype=torch.bfloat16),
+        torch.zeros(2, 16, 2, 32, dtype=torch.bfloat16),
+        torch.tensor([[0, 1]]),
+        [17],
+        [17],
+        1.0,
+        None,
+    )
+    is None,
+    reason="the prefill kernel needs AVX512-BF16",
+)
+
+
+def compare_prompts(tables, lengths, query_lens, page_size=16, hq=9, hkv=3, d=64, window=None, head_major=True):
+    g = torch.Generator().manual_seed(sum(lengths) + d)
+    num_pages = max(max(t) for t in tables) + 1
+    k_cache = make_cache(num_pages, page_size, hkv, d, torch.bfloat16, head_major, g)
+    v_cache = make_cache(num_pages, page_size, hkv, d, torch.bfloat16, head_major, g)
+    q = torch.randn(sum(query_lens), hq, d, generator=g).to(torch.bfloat16)
+    width = max(len(t) for t in tables)
+    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    args = (block_tables, torch.tensor(lengths), query_lens, lengths, d**-0.5, window)
+    got = cpu_attention.paged_attention(q, k_cache, v_cache, *args)
+    assert got is not None, "the C kernels declined a prompt they handle"
+    want = twin_attention(q.float(), k_cache.float(), v_cache.float(), *args)
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+
+
+@prefill_available
+@pytest.mark.parametrize("head_major", [True, False], ids=["head-major", "plain"])
+@pytest.mark.parametrize(
+    ("tables", "lengths", "query_lens"),
+    [
+        ([[0, 1, 2, 3, 4, 5, 6]], [100], [100]),  # a prompt alone, ending inside a page and a block
+        ([[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]], [150], [37]),  # a later chunk over 113 cached tokens
+        ([[3, 0, 9], [1, 2], [4, 5, 6, 7, 8]], [40, 17, 70], [40, 17, 64]),  # several at once, scattered pages
+        ([[0, 1, 2, 3], [0, 1, 2, 4]], [64, 60], [20, 60]),  # a shared prefix of three pages
+        ([[0, 1, 2, 3, 4, 5, 6, 7, 8]], [129], [129]),  # one past two whole key blocks
+    ],
+    ids=["alone", "later chunk", "several", "shared prefix", "block boundary"],
+)
+def test_prompts(tables, lengths, query_lens, head_major):
+    compare_prompts(tables, lengths, query_lens, head_major=head_major)
+
+
+@prefill_available
+@pytest.mark.parametrize(("d", "hq", "hkv"), [(32, 4, 4), (128, 8, 1), (64, 12, 4)])
+def test_prompt_head_sizes_and_groups(d, hq, hkv):
+    compare_prompts([[0, 1, 2, 3, 4, 5]], [90], [90], hq=hq, hkv=hkv, d=d)
+
+
+@prefill_available
+@pytest.mark.parametrize("window", [1, 5, 16, 63, 64, 65, 500])
+def test_prompt_sliding_window(window):
+    compare_prompts([[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]], [170], [150], window=window)
+
+
+def test_float32_prompts_go_to_the_twin():
+    k_cache = torch.zeros(2, 16, 2, 32)
+    q = torch.zeros(20, 2, 32)
+    args = (torch.tensor([[0, 1]]), torch.tensor([20]), [20], [20], 1.0)
+    assert cpu_attention.paged_attention(q, k_cache, k_cache.clone(), *args) is None
