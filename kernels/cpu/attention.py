@@ -1,13 +1,16 @@
 """Paged attention on CPU tensors through the C kernels: paged_decode.c for decode steps, paged_prefill.c
 for prompts.
 
-It takes the `paged_attention` op when every sequence has at most `MAX_QUERIES` new tokens (a decode step,
-or the few tokens a speculative step verifies) and the cache is float32 or bfloat16 on the CPU; anything
-else (prompts, float16, CUDA, head sizes over 256, GQA groups over 16) returns None and goes to the next
-backend, except that a bfloat16 cache with head_dim a multiple of 32 sends longer prompts to the prefill
-kernel (AVX512-BF16 only). The decode kernel serves one query per row: a sequence with several new tokens becomes one row per token,
-each seeing the keys up to its own position. So a verified draft token is scored by the same arithmetic as
-the same token decoded alone, and greedy speculation gives plain decoding's text.
+Decode: when every sequence has at most `MAX_QUERIES` new tokens (a decode step, or the few tokens a
+speculative step verifies) and the cache is float32 or bfloat16. The kernel serves one query per row: a
+sequence with several new tokens becomes one row per token, each seeing the keys up to its own position,
+so a verified draft token is scored by the same arithmetic as the same token decoded alone.
+
+Prompts: longer runs of new tokens over a bfloat16 cache with head_dim a multiple of 32, on a CPU with
+AVX512-BF16.
+
+Anything else (float16, CUDA, head sizes over 256, GQA groups over 16, float32 prompts) returns None and
+goes to the next backend.
 """
 
 from __future__ import annotations
@@ -23,29 +26,41 @@ _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _MAX_DIM, _MAX_GROUP = 256, 16
 # Each row reads its sequence's keys again, so many new tokens (a prompt) are left to the prefill path.
 MAX_QUERIES = 16
-_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
-
-
-def _prefill_kernel():
-    library = build.load("paged_prefill")
-    if library is None:
-        return None
-    fn = library.paged_prefill_attention
-    if fn.argtypes is None:
-        fn.argtypes = [_ptr] * 4 + [_i64] * 3 + [_ptr, _i64, _ptr, _ptr, _ptr] + [_i64] * 6 + [ctypes.c_float, _i64]
-        fn.restype = ctypes.c_int
-    return fn
+_i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+# q, k_cache, v_cache, out, then the cache's page, slot and head strides
+_CACHE_ARGS = [_ptr] * 4 + [_i64] * 3
 
 
 def _kernel():
-    library = build.load("paged_decode")
-    if library is None:
-        return None
-    fn = library.paged_decode_attention
-    if fn.argtypes is None:
-        fn.argtypes = [_ptr] * 4 + [_i64] * 3 + [_ptr, _i64, _ptr] + [_i64] * 6 + [ctypes.c_float, ctypes.c_int, _i64]
-        fn.restype = ctypes.c_int
-    return fn
+    # ... tables, table stride, seq_lens, rows, q heads, kv heads, head_dim, page_size, window, scale, dtype, threads
+    args = [*_CACHE_ARGS, _ptr, _i64, _ptr] + [_i64] * 6 + [_f32, ctypes.c_int, _i64]
+    return build.function("paged_decode", "paged_decode_attention", args, ctypes.c_int)
+
+
+def _prefill_kernel():
+    # ... tables, table stride, seq_lens, query starts, query lens, sequences, q heads, kv heads, head_dim,
+    # page_size, window, scale, threads
+    args = [*_CACHE_ARGS, _ptr, _i64, _ptr, _ptr, _ptr] + [_i64] * 6 + [_f32, _i64]
+    return build.function("paged_prefill", "paged_prefill_attention", args, ctypes.c_int)
+
+
+def _handles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, dtypes) -> bool:
+    """A CPU cache of one of `dtypes` both kernels can address: unit-stride head_dim, K and V alike."""
+    num_q_heads, head_dim, num_kv_heads = q.shape[1], q.shape[2], k_cache.shape[2]
+    return (
+        k_cache.device.type == "cpu"
+        and k_cache.dtype in dtypes
+        and v_cache.dtype == k_cache.dtype
+        and k_cache.stride() == v_cache.stride()
+        and k_cache.stride(3) == 1
+        and head_dim <= _MAX_DIM
+        and num_q_heads % num_kv_heads == 0
+        and num_q_heads // num_kv_heads <= _MAX_GROUP
+    )
+
+
+def _cache_pointers(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor) -> list:
+    return [q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), *k_cache.stride()[:3]]
 
 
 def paged_attention(
@@ -60,50 +75,30 @@ def paged_attention(
     sliding_window: int | None = None,
     page_runs: Sequence[int] | None = None,
 ) -> torch.Tensor | None:
-    if k_cache.device.type != "cpu" or k_cache.dtype not in _DTYPES or v_cache.dtype != k_cache.dtype:
-        return None
-    if not query_lens or q.shape[0] != sum(query_lens):
+    if not query_lens or q.shape[0] != sum(query_lens) or not _handles(q, k_cache, v_cache, _DTYPES):
         return None
     if max(query_lens) > MAX_QUERIES:
         return _prefill(q, k_cache, v_cache, block_tables, query_lens, seq_lens_host, scale, sliding_window)
-    num_rows, num_q_heads, head_dim = q.shape
-    num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
-    if head_dim > _MAX_DIM or num_q_heads % num_kv_heads or num_q_heads // num_kv_heads > _MAX_GROUP:
-        return None
-    if k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
-        return None
     fn = _kernel()
     if fn is None:
         return None
     q = q.to(k_cache.dtype).contiguous()
     tables = block_tables.to(device="cpu", dtype=torch.int64)
-    if num_rows == len(query_lens):
+    if q.shape[0] == len(query_lens):
         lens = seq_lens.to(device="cpu", dtype=torch.int64).contiguous()
     else:  # one row per new token, each with its sequence's page table and its own length
-        counts = torch.tensor(query_lens, dtype=torch.int64)
-        tables = tables.repeat_interleave(counts, dim=0)
-        lens = torch.tensor(
-            [end - n + j + 1 for n, end in zip(query_lens, seq_lens_host) for j in range(n)], dtype=torch.int64
-        )
+        tables = tables.repeat_interleave(torch.tensor(query_lens, dtype=torch.int64), dim=0)
+        ends = zip(query_lens, seq_lens_host)
+        lens = torch.tensor([end - n + j + 1 for n, end in ends for j in range(n)], dtype=torch.int64)
     tables = tables.contiguous()
     out = torch.empty_like(q)
+    sizes = [q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], sliding_window or 0]
     status = fn(
-        q.data_ptr(),
-        k_cache.data_ptr(),
-        v_cache.data_ptr(),
-        out.data_ptr(),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
+        *_cache_pointers(q, k_cache, v_cache, out),
         tables.data_ptr(),
         tables.stride(0),
         lens.data_ptr(),
-        num_rows,
-        num_q_heads,
-        num_kv_heads,
-        head_dim,
-        page_size,
-        sliding_window or 0,
+        *sizes,
         scale,
         _DTYPES[k_cache.dtype],
         torch.get_num_threads(),
@@ -121,13 +116,7 @@ def _prefill(
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor | None:
-    num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
-    if k_cache.dtype != torch.bfloat16 or head_dim % 32 or head_dim > _MAX_DIM:
-        return None
-    if num_q_heads % num_kv_heads or num_q_heads // num_kv_heads > _MAX_GROUP:
-        return None
-    if k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
+    if not _handles(q, k_cache, v_cache, (torch.bfloat16,)) or q.shape[2] % 32:
         return None
     fn = _prefill_kernel()
     if fn is None:
@@ -138,25 +127,15 @@ def _prefill(
     counts = torch.tensor(list(query_lens), dtype=torch.int64)
     starts = torch.cumsum(counts, 0) - counts
     out = torch.empty_like(q)
+    sizes = [len(query_lens), q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], sliding_window or 0]
     status = fn(
-        q.data_ptr(),
-        k_cache.data_ptr(),
-        v_cache.data_ptr(),
-        out.data_ptr(),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
+        *_cache_pointers(q, k_cache, v_cache, out),
         tables.data_ptr(),
         tables.stride(0),
         lens.data_ptr(),
         starts.data_ptr(),
         counts.data_ptr(),
-        len(query_lens),
-        num_q_heads,
-        num_kv_heads,
-        head_dim,
-        page_size,
-        sliding_window or 0,
+        *sizes,
         scale,
         torch.get_num_threads(),
     )

@@ -78,7 +78,8 @@ def load(name: str) -> ctypes.CDLL | None:
     compiler = _compiler()
     if compiler is None:
         return None
-    source = (_SOURCES / f"{name}.c").read_bytes()
+    # the source and every header beside it (they are few and small)
+    source = b"".join(path.read_bytes() for path in [_SOURCES / f"{name}.c", *sorted(_SOURCES.glob("*.h"))])
     key = hashlib.sha256(
         b"\0".join(
             [
@@ -100,6 +101,17 @@ def load(name: str) -> ctypes.CDLL | None:
         return None
 
 
+def function(name: str, symbol: str, argtypes: list, restype=None):
+    """`symbol` of the compiled `name`.c with its ctypes signature set, or None where the library cannot be had."""
+    library = load(name)
+    if library is None:
+        return None
+    fn = getattr(library, symbol)
+    if fn.argtypes is None:
+        fn.argtypes, fn.restype = argtypes, restype
+    return fn
+
+
 def _build(compiler: str, source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, partial = tempfile.mkstemp(prefix=target.stem, suffix=".tmp", dir=target.parent)
@@ -107,7 +119,7 @@ def _build(compiler: str, source: Path, target: Path) -> None:
     try:
         for threads in _THREADS:
             done = subprocess.run(
-                [compiler, *FLAGS, threads, "-o", partial, str(source), "-lm"],
+                [compiler, *FLAGS, threads, f"-I{source.parent}", "-o", partial, str(source), "-lm"],
                 capture_output=True,
                 text=True,
                 timeout=_BUILD_TIMEOUT_S,

@@ -11,47 +11,8 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
-static inline float bf16_to_float(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t float_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-/* bfloat16 rounding of a float, kept as a float */
-static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
-
-/* exp(x) by range reduction and a polynomial (see paged_decode.c's exp_neg), for any float x */
-static inline float exp_any(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    /* n = round(x / ln2); adding and removing 1.5 * 2^23 rounds to an integer, and unlike floorf it vectorizes */
-    float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    /* 2^n as two factors, since 2^128 (n = 128 at x = 88) is not a float */
-    const int32_t whole = (int32_t)n, half = whole >> 1;
-    int32_t bits_a = (half + 127) << 23, bits_b = (whole - half + 127) << 23;
-    float a, b;
-    memcpy(&a, &bits_a, sizeof a);
-    memcpy(&b, &bits_b, sizeof b);
-    return p * a * b;
-}
+#include "bf16.h"
 
 /* out = weight * bf16(h * rsqrt(mean(h^2) + eps)), h = x (+ residual, rounded; written to residual_out). */
 void rms_norm_bf16(const uint16_t *x, int64_t x_stride, const uint16_t *residual, int64_t residual_stride,
@@ -118,7 +79,7 @@ void silu_and_mul_bf16(const uint16_t *x, int64_t x_stride, uint16_t *out, int64
 #pragma omp simd
         for (int64_t i = 0; i < n; i++) {
             const float g = bf16_to_float(gate[i]);
-            silu[i] = g / (1.0f + exp_any(-g));
+            silu[i] = g / (1.0f + exp_poly(-g));
         }
 #pragma omp simd
         for (int64_t i = 0; i < n; i++) o[i] = float_to_bf16(round_bf16(silu[i]) * bf16_to_float(up[i]));

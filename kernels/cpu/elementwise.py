@@ -22,14 +22,7 @@ _SIGNATURES = {
 
 
 def _kernel(name: str):
-    library = build.load("elementwise")
-    if library is None:
-        return None
-    fn = getattr(library, name)
-    if fn.argtypes is None:
-        fn.argtypes = _SIGNATURES[name]
-        fn.restype = None
-    return fn
+    return build.function("elementwise", name, _SIGNATURES[name])
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor | None:

@@ -20,14 +20,9 @@ _BLOCK = 64  # the kernel reads this row-block layout only
 
 
 def _kernel():
-    library = build.load("int4_matmul")
-    if library is None:
-        return None
-    fn = library.int4_matmul
-    if fn.argtypes is None:
-        fn.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64] + [_i64] * 4 + [_ptr, _i64]
-        fn.restype = ctypes.c_int
-    return fn
+    # x, x stride, packed, scales, packed_low, scales_low, out, out stride, rows, n, k, group, sums, threads
+    args = [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64] + [_i64] * 4 + [_ptr, _i64]
+    return build.function("int4_matmul", "int4_matmul", args, ctypes.c_int)
 
 
 def _plane_ok(packed: torch.Tensor, scales: torch.Tensor, num_rows: int, num_cols: int, group_size: int) -> bool:

@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define MAX_DIM 256
 #define MAX_GROUP 16
 #define BLOCK 32
@@ -34,43 +36,6 @@ typedef struct {
     float scale;
     int dtype;
 } Work;
-
-static inline float bf16_to_float(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* Round to nearest even, as torch does; NaN stays NaN. */
-static inline uint16_t float_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-/* exp(x) for x <= 0, as a polynomial the compiler can vectorize (libm's expf is a call per element):
-   x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its degree-6 Taylor-like minimax fit, 2^n by the exponent
-   bits. Relative error about 2e-7; inputs below -87 give 0. */
-static inline float exp_neg(float x) {
-    if (x < -87.0f) x = -87.0f;
-    /* n = round(x / ln2); adding and removing 1.5 * 2^23 rounds to an integer, and unlike floorf it vectorizes */
-    float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
 
 static inline void load_row(const void *base, int64_t offset, int dtype, int64_t n, float *dst) {
     if (dtype == 1) {
@@ -101,11 +66,11 @@ static inline float softmax_block(float *scores, int64_t count, float *running_m
     float block_max = scores[0];
     for (int64_t j = 1; j < count; j++) block_max = scores[j] > block_max ? scores[j] : block_max;
     const float new_max = block_max > *running_max ? block_max : *running_max;
-    const float shrink = *running_max == -INFINITY ? 0.0f : exp_neg(*running_max - new_max);
+    const float shrink = *running_max == -INFINITY ? 0.0f : exp_poly(*running_max - new_max);
     float block_sum = 0.0f;
 #pragma omp simd reduction(+ : block_sum)
     for (int64_t j = 0; j < count; j++) {
-        scores[j] = exp_neg(scores[j] - new_max);
+        scores[j] = exp_poly(scores[j] - new_max);
         block_sum += scores[j];
     }
     *running_sum = *running_sum * shrink + block_sum;

@@ -62,3 +62,16 @@ def test_loading_a_model_on_the_cpu_prepares_the_kernels(fresh, tiny_folder):
 
     Model.load(tiny_folder)
     assert len(list(fresh.glob("*.so"))) == len(build.KERNELS)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_an_edited_header_gets_a_fresh_build(fresh, monkeypatch, tmp_path):
+    sources = tmp_path / "sources"
+    shutil.copytree(build._SOURCES, sources, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    monkeypatch.setattr(build, "_SOURCES", sources)
+    assert build.load("elementwise") is not None
+    with (sources / "bf16.h").open("a") as header:
+        header.write("/* edited */\n")
+    build.load.cache_clear()
+    assert build.load("elementwise") is not None
+    assert len(list(fresh.glob("elementwise-*.so"))) == 2
