@@ -1,5 +1,4 @@
-/* bfloat16 x [rows, k] times a 4-bit weight [n, k] (transposed), for a few rows at a time: a decode step of
-   several sequences.
+/* bfloat16 x [rows, k] times a 4-bit weight [n, k] (transposed), for up to a hundred-odd rows: decode steps.
 
    torch's CPU int4 kernel is a loop of matrix-vector products: it unpacks and scales the whole weight again
    for every row of x, so 16 rows cost 16 times one row. Here the weight's nibbles are unpacked once per tile

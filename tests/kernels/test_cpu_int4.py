@@ -1,9 +1,10 @@
-"""The C 4-bit matmul for a few rows (kernels/cpu/int4.py) against the twin's float32 dequantized product.
+"""The C 4-bit matmul for up to 127 rows (kernels/cpu/int4.py) against the twin's float32 dequantized product.
 
-Tried: 2 to 127 rows (tiles of 12 with every remainder), weights of 64 to 3072 rows, groups of 32 to 256
-columns, a second plane (an 8-bit weight split in two), a bias, 3-D x, a row-strided x view. It must decline
-one row, prompt-sized inputs, float32 x, other packed layouts and non-contiguous scales. (A whole bf16
-model's batched decode step through it: tests/engine/models/test_int4.py.)
+Tried: 1 to 127 rows (tiles of 12 with every remainder), weights of 64 to 3072 rows, groups of 32 to 256
+columns, a second plane (an 8-bit weight split in two), a bias, 3-D x, a row-strided x view. Each row's
+result must not depend on the rows beside it. It must decline prompt-sized inputs, float32 x, other packed
+layouts and non-contiguous scales. (A whole bf16 model's batched decode step through it:
+tests/engine/models/test_int4.py.)
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def check(got, want):
     torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=1e-3 * want.abs().max().item())
 
 
-@pytest.mark.parametrize("rows", [2, 3, 11, 12, 13, 16, 25, 64, 127])
+@pytest.mark.parametrize("rows", [1, 2, 3, 11, 12, 13, 16, 25, 64, 127])
 def test_rows(rows):
     packed, sz = random_weight(192, 256, 32, rows)
     x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
@@ -69,6 +70,14 @@ def test_second_plane_bias_3d_and_strided_x():
     check(got, reference(x, packed, sz, 32, bias=bias, low=low))
 
 
+def test_a_row_gives_the_same_bits_alone_and_among_others():
+    packed, sz = random_weight(960, 576, 32, 9)
+    x = torch.randn(13, 576, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
+    together = cpu_int4.linear_int4(x, packed, sz, 32)
+    for row in (0, 5, 12):
+        assert torch.equal(cpu_int4.linear_int4(x[row : row + 1], packed, sz, 32)[0], together[row])
+
+
 def test_agrees_with_torchs_int4_kernel():
     packed, sz = random_weight(3072, 576, 32, 5)
     x = torch.randn(16, 576, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
@@ -79,8 +88,6 @@ def test_agrees_with_torchs_int4_kernel():
 def decline_case(name):
     packed, sz = random_weight(64, 64, 32, 0)
     x = torch.randn(4, 64).to(torch.bfloat16)
-    if name == "one row":
-        return x[:1], packed, sz
     if name == "prompt-sized":
         return torch.randn(quant.DENSE_FROM_ROWS, 64).to(torch.bfloat16), packed, sz
     if name == "float32 x":
@@ -90,7 +97,7 @@ def decline_case(name):
     return x, packed, sz.transpose(0, 1).contiguous().transpose(0, 1)  # non-contiguous scales
 
 
-@pytest.mark.parametrize("name", ["one row", "prompt-sized", "float32 x", "32-row weight", "strided scales"])
+@pytest.mark.parametrize("name", ["prompt-sized", "float32 x", "32-row weight", "strided scales"])
 def test_declines(name):
     x, packed, sz = decline_case(name)
     assert cpu_int4.linear_int4(x, packed, sz, 32) is None
