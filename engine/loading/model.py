@@ -10,6 +10,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.errors import MissingFileError, ModelLoadError
+from engine.memory import release_freed_memory
 from engine.models.base import Model
 from engine.models.registry import model_class
 from kernels.cpu import build as cpu_kernels
@@ -75,6 +76,7 @@ def load_model(
         keep = default_quantized(device, target) if quantized == "auto" else quantized
         config, tensors = load_gguf(path, dtype=target, device=device, progress=progress, quantized=keep)
         freq_factors = tensors.pop("rope_freq_factors", None)
+        release_freed_memory()  # the dequantization temporaries, before packing allocates again
     else:
         from engine.loading.safetensors import load_safetensors
 
@@ -86,6 +88,8 @@ def load_model(
     with torch.device("meta"):
         model = cls(config) if freq_factors is None else cls(config, rope_freq_factors=freq_factors)
     model.load_tensors(tensors)
+    del tensors
+    release_freed_memory()
     model.rope.inv_freq = model.rope.inv_freq.to(device)
     model.source_path = path
     model.eval().requires_grad_(False)

@@ -12,6 +12,7 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.errors import TensorMismatchError
+from engine.memory import release_freed_memory
 from engine.models.batch import Batch
 from engine.models.linear import Linear, QuantizedWeight, SplitWeight
 
@@ -118,6 +119,9 @@ class Model(nn.Module):
         for name, value in quantized.items():
             module = self.get_submodule(name.rsplit(".", 1)[0])
             module.load_quantized(value, device=value.device)
+            # packing's temporaries: trimmed after every weight, the load's peak was 1,090-1,210 MiB in five
+            # runs on the starter; after large ones only, 1,093 or 1,333 (engine/memory.py)
+            release_freed_memory()
         if self.config.tie_word_embeddings:
             self.tie_weights()
         missing = [n for n, p in self.named_parameters() if p.is_meta]

@@ -1,0 +1,35 @@
+"""Hand memory that loading freed back to the operating system.
+
+Loading dequantizes and packs tensor by tensor. glibc's malloc keeps freed temporaries in its heaps for
+reuse, and torch's worker threads allocate from several heaps: after loading the starter the process kept
+about 230 MiB it no longer used (1,026 MiB resident; 793 MiB after a trim), and the peak during loading
+came out 240 MiB higher in some runs than in others. `malloc_trim` returns free heap pages; loading calls
+it after reading the checkpoint, after packing each weight and at the end. Elsewhere (macOS, Windows,
+musl) this does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+from functools import cache
+
+
+@cache
+def _malloc_trim():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def release_freed_memory() -> bool:
+    """Return freed heap memory to the OS where the C library can; whether it could."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
