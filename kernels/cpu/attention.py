@@ -28,19 +28,19 @@ _MAX_DIM, _MAX_GROUP = 256, 16
 MAX_QUERIES = 16
 _i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 # q, k_cache, v_cache, out, then the cache's page, slot and head strides
-_CACHE_ARGS = [_ptr] * 4 + [_i64] * 3
+_CACHE_ARGS = (_ptr,) * 4 + (_i64,) * 3
 
 
 def _kernel():
     # ... tables, table stride, seq_lens, rows, q heads, kv heads, head_dim, page_size, window, scale, dtype, threads
-    args = [*_CACHE_ARGS, _ptr, _i64, _ptr] + [_i64] * 6 + [_f32, ctypes.c_int, _i64]
+    args = (*_CACHE_ARGS, _ptr, _i64, _ptr) + (_i64,) * 6 + (_f32, ctypes.c_int, _i64)
     return build.function("paged_decode", "paged_decode_attention", args, ctypes.c_int)
 
 
 def _prefill_kernel():
     # ... tables, table stride, seq_lens, query starts, query lens, sequences, q heads, kv heads, head_dim,
     # page_size, window, scale, threads
-    args = [*_CACHE_ARGS, _ptr, _i64, _ptr, _ptr, _ptr] + [_i64] * 6 + [_f32, _i64]
+    args = (*_CACHE_ARGS, _ptr, _i64, _ptr, _ptr, _ptr) + (_i64,) * 6 + (_f32, _i64)
     return build.function("paged_prefill", "paged_prefill_attention", args, ctypes.c_int)
 
 
@@ -116,7 +116,7 @@ def _prefill(
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor | None:
-    if not _handles(q, k_cache, v_cache, (torch.bfloat16,)) or q.shape[2] % 32:
+    if k_cache.dtype != torch.bfloat16 or q.shape[2] % 32:  # the rest was checked by paged_attention
         return None
     fn = _prefill_kernel()
     if fn is None:

@@ -101,14 +101,17 @@ def load(name: str) -> ctypes.CDLL | None:
         return None
 
 
-def function(name: str, symbol: str, argtypes: list, restype=None):
-    """`symbol` of the compiled `name`.c with its ctypes signature set, or None where the library cannot be had."""
+@cache
+def function(name: str, symbol: str, argtypes: tuple, restype=None):
+    """`symbol` of the compiled `name`.c with its ctypes signature set, or None where the library cannot be had.
+
+    Cached, since the ops ask for their function on every call (30 layers a decode step)."""
     library = load(name)
     if library is None:
         return None
     fn = getattr(library, symbol)
     if fn.argtypes is None:
-        fn.argtypes, fn.restype = argtypes, restype
+        fn.argtypes, fn.restype = list(argtypes), restype
     return fn
 
 

@@ -15,9 +15,9 @@ from kernels.cpu import build
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 _MAX_WIDTH = 16384  # rms_norm keeps a row in float32 on the stack
 _SIGNATURES = {
-    "rms_norm_bf16": [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, ctypes.c_float, _i64],
-    "rope_bf16": [_ptr, _i64, _ptr, _ptr, _ptr] + [_i64] * 5,
-    "silu_and_mul_bf16": [_ptr, _i64, _ptr, _i64, _i64, _i64],
+    "rms_norm_bf16": (_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, ctypes.c_float, _i64),
+    "rope_bf16": (_ptr, _i64, _ptr, _ptr, _ptr) + (_i64,) * 5,
+    "silu_and_mul_bf16": (_ptr, _i64, _ptr, _i64, _i64, _i64),
 }
 
 

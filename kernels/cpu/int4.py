@@ -22,8 +22,8 @@ _BLOCK = 64  # the kernel reads this row-block layout only
 
 
 def _kernel():
-    # x, x stride, packed, scales, packed_low, scales_low, out, out stride, rows, n, k, group, sums, threads
-    args = [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64] + [_i64] * 4 + [_ptr, _i64]
+    # x, x stride, packed, scales, packed_low, scales_low, out, out stride, rows, n, k, group, threads
+    args = (_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64) + (_i64,) * 5
     return build.function("int4_matmul", "int4_matmul", args, ctypes.c_int)
 
 
@@ -65,7 +65,6 @@ def linear_int4(
         return None
     rows = rows.contiguous()
     out = torch.empty(rows.shape[0], num_rows, dtype=x.dtype)
-    sums = torch.empty(rows.shape[0], num_cols // group_size, dtype=torch.float32)
     low_packed, low_scales = (low[0].data_ptr(), low[1].data_ptr()) if low is not None else (None, None)
     status = fn(
         rows.data_ptr(),
@@ -80,7 +79,6 @@ def linear_int4(
         num_rows,
         num_cols,
         group_size,
-        sums.data_ptr(),
         torch.get_num_threads(),
     )
     if status != 0:

@@ -128,14 +128,14 @@ static void run_task(const Problem *p, int64_t task, uint16_t *out, int64_t out_
 #endif
 
 /* out [rows, n] (row stride out_stride) = x [rows, k] (row stride x_stride) @ (W + W_low).T, all bfloat16;
-   packed_low / scales_low may be NULL. sums: scratch of rows * (k / group) floats. Returns 0, or -1 where
-   this build or these sizes are not handled. */
+   packed_low / scales_low may be NULL. Returns 0, or -1 where this build or these sizes are not handled. */
 int int4_matmul(const uint16_t *x, int64_t x_stride, const uint8_t *packed, const uint16_t *scales,
                 const uint8_t *packed_low, const uint16_t *scales_low, uint16_t *out, int64_t out_stride, int64_t rows,
-                int64_t n, int64_t k, int64_t group, float *sums, int64_t num_threads) {
+                int64_t n, int64_t k, int64_t group, int64_t num_threads) {
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
     if (rows <= 0 || n % 64 != 0 || group % 2 != 0 || k % group != 0) return -1;
     const int64_t groups = k / group;
+    float sums[rows * groups]; /* each row's sum of x over each group (the caller sends under 128 rows) */
     for (int64_t m = 0; m < rows; m++)
         for (int64_t g = 0; g < groups; g++) {
             float total = 0.0f;
@@ -150,7 +150,7 @@ int int4_matmul(const uint16_t *x, int64_t x_stride, const uint8_t *packed, cons
     return 0;
 #else
     (void)x, (void)x_stride, (void)packed, (void)scales, (void)packed_low, (void)scales_low, (void)out;
-    (void)out_stride, (void)rows, (void)n, (void)k, (void)group, (void)sums, (void)num_threads;
+    (void)out_stride, (void)rows, (void)n, (void)k, (void)group, (void)num_threads;
     return -1;
 #endif
 }

@@ -17,8 +17,10 @@ def fresh(monkeypatch, tmp_path):
     """An empty kernel cache folder and no remembered libraries, restored afterwards."""
     monkeypatch.setenv("TANDEM_KERNEL_CACHE", str(tmp_path / "kernels"))
     build.load.cache_clear()
+    build.function.cache_clear()
     yield tmp_path / "kernels"
     build.load.cache_clear()
+    build.function.cache_clear()
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
