@@ -9,6 +9,7 @@ import torch
 from kernels import dispatch
 from kernels import triton as triton_kernels  # imports triton itself only on the first CUDA call
 from kernels.cpu import attention as cpu_attention
+from kernels.cpu import build as cpu_build
 from kernels.cpu import elementwise as cpu_elementwise
 from kernels.cpu import int4 as cpu_int4
 from kernels.torch_ref import activation, attention, norm, quant, rope
@@ -39,6 +40,8 @@ dispatch.register("linear_int4", quant.linear_int4, reference=True)
 # Packing is done once at load time, not dispatched: every backend reads the layout these produce.
 can_pack_int4 = quant.can_pack
 pack_int4 = quant.pack_int4
+# Build the C kernels ahead of the first CPU forward (kernels/cpu/build.py); a no-op once they are cached.
+prepare_cpu_kernels = cpu_build.prepare
 
 
 def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:

@@ -13,7 +13,7 @@ from engine.errors import MissingFileError, ModelLoadError
 from engine.memory import release_freed_memory
 from engine.models.base import Model
 from engine.models.registry import model_class
-from kernels.cpu import build as cpu_kernels
+from kernels import ops
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,6 @@ def load_model(
     model.source_path = path
     model.eval().requires_grad_(False)
     if device.type == "cpu":
-        cpu_kernels.prepare()  # compiled once per machine; later loads find them cached
+        ops.prepare_cpu_kernels()  # compiled once per machine; later loads find them cached
     log.info("loaded %s (%s) from %s as %s on %s", config.architecture, model.__class__.__name__, path, target, device)
     return model
