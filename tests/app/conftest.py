@@ -1,0 +1,27 @@
+"""Fixtures shared by the app tests."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# pip's own settings: no pip.conf, no local wheel folders or extra indexes, one quick try at a closed port.
+# (packaging/check_bundle.py, a stand-alone script, keeps its own copy.)
+OFFLINE_PIP = {
+    "PIP_CONFIG_FILE": os.devnull,
+    "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+    "PIP_EXTRA_INDEX_URL": "",
+    "PIP_FIND_LINKS": "",
+    "PIP_NO_CACHE_DIR": "1",
+    "PIP_RETRIES": "0",
+    "PIP_TIMEOUT": "2",
+}
+
+
+@pytest.fixture
+def offline_pip(monkeypatch) -> dict[str, str]:
+    """pip in this process and its children reaches no index, as on a machine without a network."""
+    for key, value in OFFLINE_PIP.items():
+        monkeypatch.setenv(key, value)
+    return dict(OFFLINE_PIP)
