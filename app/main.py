@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from app.qt_platform import window_problem
+
 log = logging.getLogger(__name__)
 
 APP_ID = "io.github.tandem.Tandem"  # the .desktop file's name and the AppStream id (packaging/linux)
@@ -64,13 +66,19 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from PySide6.QtWidgets import QApplication
+
+    problem = None if QApplication.instance() else window_problem()
+    if problem:  # Qt's own report would be a misleading hint and an abort
+        print(f"tandem: {problem}", file=sys.stderr)
+        return 1
     if argv is None:
         # Ctrl+C in the terminal: Qt's loop would swallow KeyboardInterrupt, so let the signal end the process.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     import qasync
     from PySide6.QtCore import QTimer
-    from PySide6.QtWidgets import QApplication, QMessageBox
+    from PySide6.QtWidgets import QMessageBox
 
     from app.service import EngineService
     from app.service.speculation import load_speculation

@@ -9,7 +9,7 @@ loaded their own libgomp.so.1, so the loader hands the kernel torch's runtime an
 (two pools on two cores made each decode step slower, not faster). A compiler without OpenMP gets a second
 try without it, and the kernel then runs on one thread.
 
-The library is built for this CPU (-march=native) and cached under the user's cache folder, named by a hash
+The library is built for this CPU (-march=native; TANDEM_CPU_KERNEL_ARCH overrides it) and cached under the user's cache folder, named by a hash
 of the source, the flags, the compiler and the CPU's feature flags, so an edit, a new compiler or a cache
 folder carried to another machine gets a fresh build. Builds write a temporary file and rename it, so two
 processes building at once cannot load half a file.
@@ -37,13 +37,19 @@ import platformdirs
 log = logging.getLogger(__name__)
 
 _SOURCES = Path(__file__).parent
-FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=c11")
+FLAGS = ("-O3", "-fPIC", "-shared", "-std=c11")
 _THREADS = ("-fopenmp", "-fopenmp-simd")  # tried in this order
 _BUILD_TIMEOUT_S = 120
 
 
 def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc"))
+
+
+def _arch_flag() -> str:
+    """-march=native, or TANDEM_CPU_KERNEL_ARCH (for example x86-64-v3: AVX2 without AVX-512), which builds
+    the portable paths on a CPU that would take the vector ones, so they can be checked there."""
+    return f"-march={os.environ.get('TANDEM_CPU_KERNEL_ARCH') or 'native'}"
 
 
 def _cpu_flags() -> str:
@@ -84,7 +90,7 @@ def load(name: str) -> ctypes.CDLL | None:
         b"\0".join(
             [
                 source,
-                " ".join(FLAGS + _THREADS).encode(),
+                " ".join((*FLAGS, _arch_flag(), *_THREADS)).encode(),
                 compiler.encode(),
                 _cpu_flags().encode(),
                 platform.machine().encode(),
@@ -122,7 +128,7 @@ def _build(compiler: str, source: Path, target: Path) -> None:
     try:
         for threads in _THREADS:
             done = subprocess.run(
-                [compiler, *FLAGS, threads, f"-I{source.parent}", "-o", partial, str(source), "-lm"],
+                [compiler, *FLAGS, _arch_flag(), threads, f"-I{source.parent}", "-o", partial, str(source), "-lm"],
                 capture_output=True,
                 text=True,
                 timeout=_BUILD_TIMEOUT_S,

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 # pip's own settings: no pip.conf, no local wheel folders or extra indexes, one quick try at a closed port.
 # (packaging/check_bundle.py, a stand-alone script, keeps its own copy.)
@@ -25,3 +30,16 @@ def offline_pip(monkeypatch) -> dict[str, str]:
     for key, value in OFFLINE_PIP.items():
         monkeypatch.setenv(key, value)
     return dict(OFFLINE_PIP)
+
+
+@pytest.fixture
+def shapes_png(tmp_path) -> Path:
+    """A picture of a red circle left of a blue square, drawn by the demo vision model's own generator."""
+    # tools/ is not a package: load the generator by its path.
+    spec = importlib.util.spec_from_file_location("demo_vision_shapes", REPO / "tools" / "demo_vision" / "shapes.py")
+    shapes = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = shapes  # its dataclasses look their module up there
+    spec.loader.exec_module(shapes)
+    path = tmp_path / "shapes.png"
+    shapes.render_objects([("red", "circle"), ("blue", "square")]).save(path)
+    return path

@@ -8,7 +8,6 @@ no network on a first start (exit status 1 with the reason), `-m pip` in a proce
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -21,20 +20,9 @@ from app.main import main
 REPO = Path(__file__).resolve().parents[1].parent
 
 
-def shapes_image(path: Path) -> Path:
-    # tools/ is not a package: load the demo model's picture generator by its path.
-    spec = importlib.util.spec_from_file_location("demo_vision_shapes", REPO / "tools" / "demo_vision" / "shapes.py")
-    shapes = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = shapes  # its dataclasses look their module up there
-    spec.loader.exec_module(shapes)
-    shapes.render_objects([("red", "circle"), ("blue", "square")]).save(path)
-    return path
-
-
-def test_the_demo_model_answers_about_an_image_and_the_app_quits(qapp, tmp_path, monkeypatch, capsys):
+def test_the_demo_model_answers_about_an_image_and_the_app_quits(qapp, tmp_path, monkeypatch, capsys, shapes_png):
     monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path / "data"))
-    image = shapes_image(tmp_path / "shapes.png")
-    argv = ["--model", "demo", "--image", str(image), "--prompt", "Describe this image.", "--quit-after-answer"]
+    argv = ["--model", "demo", "--image", str(shapes_png), "--prompt", "Describe this image.", "--quit-after-answer"]
     assert main(argv) == 0
     answer = capsys.readouterr().out.strip().lower()
     assert "red circle" in answer and "blue square" in answer

@@ -5,6 +5,7 @@ TANDEM_NO_CPU_KERNELS turns the kernels off."""
 from __future__ import annotations
 
 import logging
+import platform
 import shutil
 
 import pytest
@@ -16,6 +17,8 @@ from kernels.cpu import build
 def fresh(monkeypatch, tmp_path):
     """An empty kernel cache folder and no remembered libraries, restored afterwards."""
     monkeypatch.setenv("TANDEM_KERNEL_CACHE", str(tmp_path / "kernels"))
+    monkeypatch.delenv("TANDEM_NO_CPU_KERNELS", raising=False)  # a run of the suite with the kernels off
+    monkeypatch.delenv("TANDEM_CPU_KERNEL_ARCH", raising=False)
     build.load.cache_clear()
     build.function.cache_clear()
     yield tmp_path / "kernels"
@@ -45,6 +48,17 @@ def test_a_failing_compiler_falls_back_with_a_warning(fresh, monkeypatch, caplog
 def test_a_missing_compiler_falls_back_quietly(fresh, monkeypatch, caplog):
     monkeypatch.setenv("CC", "no-such-compiler-here")
     assert build.load("paged_decode") is None and not caplog.text
+
+
+@pytest.mark.skipif(shutil.which("cc") is None or platform.machine() != "x86_64", reason="needs cc on x86-64")
+def test_another_target_architecture_gets_its_own_build(fresh, monkeypatch):
+    # TANDEM_CPU_KERNEL_ARCH=x86-64-v3 builds the portable paths on an AVX-512 machine (how the README's
+    # "what runs elsewhere" was checked); a library built for one target is never loaded for another.
+    assert build.load("elementwise") is not None
+    build.load.cache_clear()
+    monkeypatch.setenv("TANDEM_CPU_KERNEL_ARCH", "x86-64")
+    assert build.load("elementwise") is not None
+    assert len(list(fresh.glob("elementwise-*.so"))) == 2
 
 
 def test_the_switch_turns_the_kernels_off(fresh, monkeypatch):

@@ -113,8 +113,12 @@ def test_a_batched_bfloat16_decode_step_through_the_c_kernel_matches_torchs_int4
     assert calls, "the decode step did not reach the C kernel"
     monkeypatch.setattr(cpu_int4, "_kernel", lambda: None)
     theirs = model(torch.tensor([3, 9, 12, 18]), step.positions(), step).float()
-    torch.testing.assert_close(ours, theirs, rtol=0.05, atol=0.05 * theirs.abs().max().item())
-    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+    atol = 0.05 * theirs.abs().max().item()
+    torch.testing.assert_close(ours, theirs, rtol=0.05, atol=atol)
+    # Random weights can put two logits within bfloat16 rounding of each other, and which one wins then
+    # depends on the CPU: each row's choice must be the other's best or tie with it within the tolerance.
+    chosen = theirs.gather(-1, ours.argmax(-1, keepdim=True)).squeeze(-1)
+    assert torch.all(chosen >= theirs.amax(-1) - atol)
 
 
 def test_bfloat16_on_cpu_packs_by_default_and_float32_does_not(tmp_path):
