@@ -12,7 +12,8 @@ from kernels.cpu import attention as cpu_attention
 from kernels.cpu import build as cpu_build
 from kernels.cpu import elementwise as cpu_elementwise
 from kernels.cpu import int4 as cpu_int4
-from kernels.torch_ref import activation, attention, norm, quant, rope
+from kernels.cpu import kquant as cpu_kquant
+from kernels.torch_ref import activation, attention, gguf_blocks, norm, quant, rope
 
 dispatch.register("write_kv", attention.write_kv, reference=True)
 dispatch.register("paged_attention", attention.paged_attention, reference=True)
@@ -36,10 +37,23 @@ dispatch.register("silu_and_mul", cpu_elementwise.silu_and_mul)
 dispatch.register("linear_int4", cpu_int4.linear_int4)
 dispatch.register("linear_int4", quant.linear_int4_cpu)
 dispatch.register("linear_int4", quant.linear_int4, reference=True)
+# GGUF block-quantized weights read in their own format: the C kernel for K-quants, else the twin.
+dispatch.register("linear_blocks", cpu_kquant.linear)
+dispatch.register("linear_blocks", gguf_blocks.linear, reference=True)
 
 # Packing is done once at load time, not dispatched: every backend reads the layout these produce.
 can_pack_int4 = quant.can_pack
 pack_int4 = quant.pack_int4
+block_row_bytes = gguf_blocks.row_bytes
+dequantize_blocks = gguf_blocks.dequantize  # a few rows at a time: embedding lookups
+
+
+def can_keep_blocks(type_name: str, device: torch.device | str, dtype: torch.dtype) -> bool:
+    """True where a weight of GGUF type `type_name` can stay in its blocks for `dtype` inputs on `device` at
+    decode speed (a C kernel reads it); elsewhere the loader expands it, as the twin would on every call."""
+    return cpu_kquant.supports(type_name, device, dtype)
+
+
 # Build the C kernels ahead of the first CPU forward (kernels/cpu/build.py); a no-op once they are cached.
 prepare_cpu_kernels = cpu_build.prepare
 
@@ -121,3 +135,8 @@ def linear_int4(x, packed, scales_and_zeros, group_size: int, bias=None, low=Non
     """x @ W.T (+ bias) for a 4-bit weight packed by `kernels.torch_ref.quant.pack_int4` (layout in that module);
     `low` = (packed, scales_and_zeros) of a second plane the weight is the sum with (an 8-bit weight)."""
     return dispatch.call("linear_int4", x, packed, scales_and_zeros, group_size, bias, low)
+
+
+def linear_blocks(x, blocks, type_name: str, bias=None):
+    """x @ W.T (+ bias) for W [N, K] held as rows of GGUF blocks of `type_name` (blocks [N, row bytes] uint8)."""
+    return dispatch.call("linear_blocks", x, blocks, type_name, bias)

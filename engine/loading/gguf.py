@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import warnings
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -21,7 +22,8 @@ import torch
 from engine.config import ModelConfig
 from engine.errors import CorruptFileError, ModelLoadError, TensorMismatchError, UnsupportedArchitectureError
 from engine.loading.gguf_file import GGUFFile
-from engine.models.linear import QuantizedWeight, SplitWeight
+from engine.models.linear import BlockWeight, QuantizedWeight, SplitWeight
+from kernels import ops
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,9 @@ def load_gguf(
     `rope_freq_factors` (llama3-style rope, present only if the file has `rope_freqs.weight`), which
     stays float32. `progress(fraction)` is called as tensors load. `quantized="int4"` keeps Q4_0 / Q4_1
     attention and MLP projection weights 4-bit (`QuantizedWeight`, same Hugging Face row order) and Q8_0
-    ones, and a Q8_0 output head (tied or not), as two 4-bit planes (`SplitWeight`); None dequantizes everything.
+    ones, and a Q8_0 output head (tied or not), as two 4-bit planes (`SplitWeight`); K-quant projections,
+    output heads and embedding tables a kernel on `device` reads (Q4_K, Q6_K) stay in their blocks
+    (`BlockWeight`); None dequantizes everything.
 
     Raises MissingFileError, CorruptFileError, UnsupportedArchitectureError, TensorMismatchError, or
     ModelLoadError for a tensor type that cannot be dequantized; nothing is returned half-loaded.
@@ -96,7 +100,10 @@ def load_gguf(
             if quantized == "int4" and tied_head:  # the tied head gets a packed copy; lookups keep floats
                 # (made before the float embeddings, so the two transients are never alive together)
                 state_dict["lm_head.weight"] = _int8_weight(t, dtype).map_rows(lambda rows: rows.to(device))
-            if packs and t.tensor_type.name in _INT4_TYPES:
+            keeps_blocks = quantized == "int4" and (packs or hf_name == EMBEDDINGS)
+            if keeps_blocks and ops.can_keep_blocks(t.tensor_type.name, device, dtype):
+                values = _block_weight(t, dtype)  # a tied head shares the embeddings' blocks (Linear.tie_to)
+            elif packs and t.tensor_type.name in _INT4_TYPES:
                 values = _int4_weight(t, dtype)
             elif packs and t.tensor_type.name in _INT8_TYPES:
                 values = _int8_weight(t, dtype)
@@ -107,7 +114,7 @@ def load_gguf(
                 f"{path}: tensor {t.name} ({t.tensor_type.name}) could not be decoded "
                 f"({type(e).__name__}: {e}). The file may be damaged; download it again."
             ) from None
-        if isinstance(values, (QuantizedWeight, SplitWeight)):
+        if isinstance(values, (QuantizedWeight, SplitWeight, BlockWeight)):
             values = values.map_rows(lambda rows: rows.to(device))
             if config.architecture == ARCHITECTURES["llama"]:
                 values = values.map_rows(lambda rows, name=hf_name: _unpermute_llama_qk(name, rows, config))
@@ -401,6 +408,18 @@ def _int4_weight(t: Any, dtype: torch.dtype) -> QuantizedWeight:
 
 _INT8_TYPES = ("Q8_0",)
 EMBEDDINGS = "model.embed_tokens.weight"
+
+
+def _block_weight(t: Any, dtype: torch.dtype) -> BlockWeight:
+    """A block-quantized tensor as its rows of blocks: a view of the memory-mapped file, not a copy, so its
+    pages are the file's own (read in as the kernels first touch them, never duplicated)."""
+    num_rows, num_cols = (int(d) for d in reversed(t.shape.tolist()))
+    with warnings.catch_warnings():  # the map is read-only, and so is every use of the blocks
+        warnings.simplefilter("ignore", UserWarning)
+        blocks = torch.from_numpy(t.data.view(np.uint8)).reshape(num_rows, -1)
+    if blocks.shape[1] != ops.block_row_bytes(t.tensor_type.name, num_cols):
+        raise ValueError(f"{blocks.shape[1]} bytes per row, not {ops.block_row_bytes(t.tensor_type.name, num_cols)}")
+    return BlockWeight([(blocks, t.tensor_type.name)], num_cols, dtype)
 
 
 def _int8_weight(t: Any, dtype: torch.dtype) -> SplitWeight:

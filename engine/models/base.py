@@ -14,7 +14,8 @@ from engine.config import ModelConfig
 from engine.errors import TensorMismatchError
 from engine.memory import release_freed_memory
 from engine.models.batch import Batch
-from engine.models.linear import Linear, QuantizedWeight, SplitWeight
+from engine.models.embedding import Embedding
+from engine.models.linear import BlockWeight, Linear, QuantizedWeight, SplitWeight
 
 log = logging.getLogger(__name__)
 
@@ -83,15 +84,16 @@ class Model(nn.Module):
         """The checkpoint tensors that make up parameter `name`, concatenated on dim 0. Identity by default."""
         return (name,)
 
-    def load_tensors(self, tensors: dict[str, torch.Tensor | QuantizedWeight | SplitWeight]) -> None:
+    def load_tensors(self, tensors: dict[str, torch.Tensor | QuantizedWeight | SplitWeight | BlockWeight]) -> None:
         """Fill this (meta-device) model from checkpoint-named tensors, checking every name and shape.
 
         A `QuantizedWeight` (4-bit GGUF blocks) or `SplitWeight` (8-bit ones) is packed into its `Linear` when
         every part of the parameter is one with the same group size; anywhere else it is dequantized to a float
-        weight. A packed "lm_head.weight" beside tied embeddings gives the head its own packed copy.
+        weight. A packed "lm_head.weight" beside tied embeddings gives the head its own packed copy. A
+        `BlockWeight` (GGUF K-quant blocks) stays in its blocks in a `Linear` or an `Embedding` that can hold it.
         """
         state: dict[str, torch.Tensor] = {}
-        quantized: dict[str, QuantizedWeight | SplitWeight] = {}
+        quantized: dict[str, QuantizedWeight | SplitWeight | BlockWeight] = {}
         for name, param in self.named_parameters(remove_duplicate=False):
             if name in state or name in quantized:
                 continue
@@ -111,14 +113,17 @@ class Model(nn.Module):
                     f"tensor {' + '.join(self.checkpoint_names(name))} has shape {tuple(value.shape)} but the "
                     f"config implies {tuple(param.shape)}. config.json and the weights do not belong together."
                 )
-            if isinstance(value, (QuantizedWeight, SplitWeight)):
+            if isinstance(value, (QuantizedWeight, SplitWeight, BlockWeight)):
                 quantized[name] = value
             else:
                 state[name] = value
         self.load_state_dict(state, strict=False, assign=True)
         for name, value in quantized.items():
             module = self.get_submodule(name.rsplit(".", 1)[0])
-            module.load_quantized(value, device=value.device)
+            if isinstance(value, BlockWeight):
+                module.load_blocks(value)
+            else:
+                module.load_quantized(value, device=value.device)
             # packing's temporaries: trimmed after every weight, the load's peak was 1,090-1,210 MiB in five
             # runs on the starter; after large ones only, 1,093 or 1,333 (engine/memory.py)
             release_freed_memory()
@@ -136,15 +141,18 @@ class Model(nn.Module):
 
 
 def _combine(parts: list[torch.Tensor | QuantizedWeight], module: nn.Module) -> torch.Tensor | QuantizedWeight:
-    """Concatenate checkpoint tensors on dim 0, keeping them 4-bit only where `module` can hold that."""
+    """Concatenate checkpoint tensors on dim 0, keeping them quantized only where `module` can hold that."""
     kinds = {type(p) for p in parts}
+    packed_kinds = {QuantizedWeight, SplitWeight, BlockWeight}
     keep_quantized = (
-        isinstance(module, Linear)
-        and len(kinds) == 1
-        and kinds <= {QuantizedWeight, SplitWeight}
-        and len({(p.group_size, p.shape[1]) for p in parts}) == 1
+        len(kinds) == 1
+        and len({(p.group_size, p.shape[1]) for p in parts if type(p) in packed_kinds}) == 1
+        and (
+            (isinstance(module, Linear) and kinds <= packed_kinds)
+            or (isinstance(module, Embedding) and kinds == {BlockWeight})
+        )
     )
     if keep_quantized:
         return parts[0] if len(parts) == 1 else parts[0].cat(parts)
-    parts = [p.dequantize() if isinstance(p, (QuantizedWeight, SplitWeight)) else p for p in parts]
+    parts = [p.dequantize() if type(p) in packed_kinds else p for p in parts]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)

@@ -1,9 +1,11 @@
-"""A linear layer whose weight is either a float matrix or packed 4-bit integers with per-group scale and zero.
+"""A linear layer whose weight is a float matrix, packed 4-bit integers with per-group scale and zero, or rows
+of GGUF blocks.
 
 Decode on a CPU is memory-bandwidth bound, so reading half a byte per weight instead of two is most of the
 speed there. The 4-bit form comes straight from a GGUF file's Q4_0 / Q4_1 blocks (see `QuantizedWeight`).
 An 8-bit Q8_0 weight becomes two 4-bit planes whose sum is exactly its value (see `SplitWeight`): one byte
-per weight read through the same int4 kernel instead of two bytes of a dequantized bfloat16 matrix.
+per weight read through the same int4 kernel instead of two bytes of a dequantized bfloat16 matrix. K-quant
+weights (Q4_K, Q6_K) keep the file's own blocks (see `BlockWeight`), read by a kernel for their format.
 """
 
 from __future__ import annotations
@@ -127,6 +129,45 @@ class SplitWeight:
         return self.high.is_packable()
 
 
+@dataclass
+class BlockWeight:
+    """A weight [N, K] as rows of GGUF blocks, in the file's bytes: `parts` are (blocks [n_i, row bytes] uint8,
+    type name) stacked on the output dimension, one per checkpoint tensor a fused weight joins (q, k and v),
+    each a view of the memory-mapped file; their types may differ (llama.cpp's Q4_K_M files give some
+    layers' v projection Q6_K beside Q4_K q and k)."""
+
+    parts: list[tuple[torch.Tensor, str]]
+    num_cols: int
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(b.shape[0] for b, _ in self.parts), self.num_cols)
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0][0].device
+
+    @property
+    def group_size(self) -> int:  # compared by fusing: every part of a fused weight is a BlockWeight
+        return 0
+
+    def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> BlockWeight:
+        """`fn` (a device move, or a row reordering of a one-part weight) applied to each part's rows."""
+        return BlockWeight([(fn(b), t) for b, t in self.parts], self.num_cols, self.dtype)
+
+    @staticmethod
+    def cat(parts: Sequence[BlockWeight]) -> BlockWeight:
+        """The parts side by side, not copied together: each stays a view of the file's memory map."""
+        return BlockWeight([part for p in parts for part in p.parts], parts[0].num_cols, parts[0].dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([ops.dequantize_blocks(b, t, self.num_cols, self.dtype) for b, t in self.parts])
+
+    def is_packable(self) -> bool:
+        return all(ops.can_keep_blocks(t, self.device, self.dtype) for _, t in self.parts)
+
+
 class Linear(nn.Module):
     """`nn.Linear` (same parameter names and forward) that can swap its weight for a packed 4-bit one.
 
@@ -144,13 +185,24 @@ class Linear(nn.Module):
         self.register_buffer("scales_and_zeros", None)
         self.register_buffer("packed_low", None)  # the second plane of a `SplitWeight`
         self.register_buffer("scales_and_zeros_low", None)
+        self.block_types: list[str] = []  # a `BlockWeight`'s part types; its parts are buffers blocks0, blocks1, ...
         # A float copy of a packed weight that exists anyway (the embeddings a packed output head is tied to):
         # from FLOAT_FROM_ROWS rows of input on, one dense matmul over it beats the int4 kernel's per-row cost.
         self.float_weight: torch.Tensor | None = None
 
     @property
     def is_quantized(self) -> bool:
-        return self.packed is not None
+        return self.packed is not None or bool(self.block_types)
+
+    def load_blocks(self, weight: BlockWeight) -> None:
+        """Keep `weight` in its GGUF blocks where a kernel reads them, else as a float weight."""
+        if not weight.is_packable():
+            self.weight = nn.Parameter(weight.dequantize(), requires_grad=False)
+            return
+        del self.weight
+        for i, (blocks, _) in enumerate(weight.parts):
+            self.register_buffer(f"blocks{i}", blocks.contiguous())
+        self.block_types = [t for _, t in weight.parts]
 
     def load_quantized(self, weight: QuantizedWeight | SplitWeight, device: torch.device | str) -> None:
         """Take `weight` packed if the int4 kernels can hold its shape, else dequantized to a float weight."""
@@ -169,6 +221,12 @@ class Linear(nn.Module):
         self.group_size = weight.group_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.block_types:
+            if len(self.block_types) == 1:
+                return ops.linear_blocks(x, self.blocks0, self.block_types[0], self.bias)
+            parts = [ops.linear_blocks(x, getattr(self, f"blocks{i}"), t) for i, t in enumerate(self.block_types)]
+            out = torch.cat(parts, dim=-1)
+            return out if self.bias is None else out + self.bias
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
         if self.float_weight is not None and x.numel() >= FLOAT_FROM_ROWS * self.in_features:
@@ -176,16 +234,21 @@ class Linear(nn.Module):
         low = None if self.packed_low is None else (self.packed_low, self.scales_and_zeros_low)
         return ops.linear_int4(x, self.packed, self.scales_and_zeros, self.group_size, self.bias, low)
 
-    def tie_to(self, embeddings: torch.Tensor) -> None:
+    def tie_to(self, embeddings: torch.Tensor | BlockWeight) -> None:
         """Make this output head read the embedding matrix: as its weight when float; when the loader gave
-        it a packed form of its own, as `float_weight`, which batches of many rows use instead."""
-        if self.is_quantized:
+        it a packed form of its own, as `float_weight`, which batches of many rows use instead. Embeddings
+        kept in GGUF blocks are shared as they are (the same buffer, no copy)."""
+        if isinstance(embeddings, BlockWeight):
+            self.load_blocks(embeddings)
+        elif self.is_quantized:
             self.float_weight = embeddings
         else:
             self.weight = embeddings
 
     def extra_repr(self) -> str:
-        kind = f"int4, group_size={self.group_size}" if self.is_quantized else "float"
+        kind = f"int4, group_size={self.group_size}" if self.packed is not None else "float"
+        if self.block_types:
+            kind = f"GGUF blocks {'+'.join(self.block_types)}"
         if self.packed_low is not None:
             kind = f"int8 as two int4 planes, group_size={self.group_size}"
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, {kind}"

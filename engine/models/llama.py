@@ -8,6 +8,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.models.base import Model
 from engine.models.batch import Batch
+from engine.models.embedding import Embedding
 from engine.models.layers import Attention, GatedMLP, RMSNorm
 from engine.models.linear import Linear
 from engine.models.rope import RotaryTable, inverse_frequencies
@@ -48,7 +49,7 @@ class DecoderLayer(nn.Module):
 class _Body(nn.Module):
     def __init__(self, config: ModelConfig, qkv_bias: bool, o_bias: bool):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i, qkv_bias, o_bias) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -74,7 +75,7 @@ class LlamaForCausalLM(Model):
         return (name,)
 
     def tie_weights(self) -> None:
-        self.lm_head.tie_to(self.model.embed_tokens.weight)
+        self.lm_head.tie_to(self.model.embed_tokens.table)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)

@@ -167,7 +167,11 @@ def write_gguf(
         if raw_types and name in raw_types:
             raw_qt = gguf.GGMLQuantizationType[raw_types[name]]
             block_size, type_size = gguf.GGML_QUANT_SIZES[raw_qt]
-            blocks = rng.integers(0, 256, size=(data.shape[0], data.shape[-1] // block_size * type_size))
+            if raw_types[name] in F16_FIELDS:  # valid blocks: finite scales
+                blocks = random_blocks(data.shape[0], data.shape[-1], raw_types[name], rng)
+            else:
+                blocks = rng.integers(0, 256, size=(data.shape[0], data.shape[-1] // block_size * type_size))
+            out.written[name] = blocks.astype(np.uint8)
             writer.add_tensor(name, blocks.astype(np.uint8), raw_dtype=raw_qt)
         elif data.ndim <= 1 or name.endswith("_norm.weight") or qt == gguf.GGMLQuantizationType.F32:
             out.written[name] = data.astype(np.float32)

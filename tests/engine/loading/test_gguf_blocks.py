@@ -1,0 +1,150 @@
+"""K-quant GGUF weights stay in the file's blocks (engine/models/linear.py BlockWeight, embedding.py).
+
+Tried: a Q4_K llama with a Q6_K v projection beside Q4_K q and k (llama.cpp's Q4_K_M mix, so the fused qkv
+holds two types; its parts are views of the file's memory map, not copies), a Q6_K embedding table tied to the output head (one buffer for both), an untied Q6_K head,
+float32 (expanded: the kernel reads bfloat16 x only). A Q4_K_M file from tools/make_bench_model.py gives
+logits close to the same file expanded to bfloat16 at load; parameters and buffers add up to no more than the
+file's tensors, and resident memory after loading a 105 MB file stays within the file's size + 150 MB.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import Cache, Model
+from engine.models.batch import Batch
+from kernels.cpu import kquant
+
+LLAMA = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+PROMPT = [3, 9, 12, 18, 21, 5, 7]
+TINY_BENCH = {
+    "hidden": 256,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "head_dim": 64,
+    "ffn_hidden": 512,
+    "context_length": 2048,
+}
+
+# tools/ is not a package: load the benchmark model writer by its path.
+_SPEC = importlib.util.spec_from_file_location(
+    "make_bench_model", Path(__file__).resolve().parents[3] / "tools" / "make_bench_model.py"
+)
+bench_model = importlib.util.module_from_spec(_SPEC)
+sys.modules[_SPEC.name] = bench_model  # its dataclasses look their module up there
+_SPEC.loader.exec_module(bench_model)
+
+pytestmark = pytest.mark.skipif(
+    not kquant.supports("Q4_K", "cpu", torch.bfloat16), reason="needs a C compiler for the K-quant kernel"
+)
+
+
+def q4_k_m(gguf_kit, tied: bool):
+    """Q4_K everywhere, with Q6_K v, down and embeddings (and head, when untied) as llama.cpp's Q4_K_M does."""
+    model = gguf_kit.model("LlamaForCausalLM", tie_word_embeddings=tied, **LLAMA)
+    raw = {"blk.0.attn_v.weight": "Q6_K", "blk.1.ffn_down.weight": "Q6_K", "token_embd.weight": "Q6_K"}
+    if not tied:
+        raw["output.weight"] = "Q6_K"
+    return gguf_kit.write(model, "Q4_K", raw_types=raw)
+
+
+def logits(model: Model, ids: list[int]) -> torch.Tensor:
+    cache = Cache(model, max_seq_len=64, page_size=16)
+    batch = Batch.build(cache, [[0, 1, 2, 3]], [0], [len(ids)], logits=[list(range(len(ids)))])
+    with torch.inference_mode():
+        return model(torch.tensor(ids), batch.positions(), batch).float()
+
+
+def tensor_bytes(model: Model) -> int:
+    seen, total = set(), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_k_quants_stay_in_their_blocks_and_compute_what_the_expanded_weights_do(gguf_kit, tied):
+    written = q4_k_m(gguf_kit, tied)
+    model = Model.load(written.path)  # bfloat16 on the CPU: the default
+    layer = model.model.layers[0]
+    assert layer.self_attn.qkv_proj.block_types == ["Q4_K", "Q4_K", "Q6_K"]  # q, k and v side by side
+    assert model.model.layers[1].mlp.down_proj.block_types == ["Q6_K"]
+    assert layer.mlp.gate_up_proj.block_types == ["Q4_K", "Q4_K"]
+    embeddings = model.model.embed_tokens
+    assert embeddings.block_type == "Q6_K" and model.lm_head.block_types == ["Q6_K"]
+    assert (model.lm_head.blocks0.data_ptr() == embeddings.blocks.data_ptr()) == tied  # shared, not a copy
+    assert not any(
+        n.endswith(("_proj.weight", "embed_tokens.weight", "lm_head.weight")) for n, _ in model.named_parameters()
+    )
+    # every weight is held as the file's bytes: nothing but the (float32 -> bfloat16) norms beside them
+    file_bytes = sum(a.nbytes for a in written.written.values())
+    assert tensor_bytes(model) <= file_bytes
+
+    # the embeddings' lookup expands only the rows it reads, to the same values
+    expanded = Model.load(written.path, quantized=None)
+    assert expanded.dtype == torch.bfloat16 and not expanded.model.layers[0].self_attn.qkv_proj.block_types
+    ids = torch.tensor(PROMPT)
+    assert torch.equal(model.embed(ids), expanded.embed(ids))
+
+
+def test_logits_match_the_weights_expanded_at_load(tmp_path, starter_gguf):
+    # A Q4_K_M file with a trained model's weight scale (tools/make_bench_model.py), where activations stay
+    # O(1), so the kernel's 8-bit activations are a small error, not an amplified one as in a random net.
+    path = tmp_path / "tiny-Q4_K_M.gguf"
+    bench_model.write_bench_model(path, "Q4_K_M", num_layers=2, tokenizer_gguf=starter_gguf, **TINY_BENCH)
+    ours, theirs = Model.load(path), Model.load(path, quantized=None)
+    assert ours.model.layers[1].self_attn.qkv_proj.block_types == ["Q4_K", "Q4_K", "Q6_K"]
+    got, want = logits(ours, PROMPT), logits(theirs, PROMPT)
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())
+    # each position's choice is the expanded model's or ties with it within that tolerance
+    chosen = want.gather(-1, got.argmax(-1, keepdim=True)).squeeze(-1)
+    assert torch.all(chosen >= want.amax(-1) - 0.05 * want.abs().max())
+
+
+def test_float32_expands_k_quants(gguf_kit):
+    model = Model.load(q4_k_m(gguf_kit, tied=True).path, dtype=torch.float32)
+    assert not model.model.layers[0].self_attn.qkv_proj.block_types and model.model.embed_tokens.blocks is None
+
+
+MEASURE = """
+import sys, torch
+from engine import Model
+from kernels import ops
+
+def status(key):
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key)) // 1024
+
+ops.prepare_cpu_kernels()
+open("/proc/self/clear_refs", "w").write("5")  # restart the peak (VmHWM) from here
+before = status("VmRSS:")
+model = Model.load(sys.argv[1])
+print(before, status("VmRSS:"), status("VmHWM:"))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_resident_memory_after_loading_is_about_the_file(gguf_kit):
+    # Three layers of Llama-3.2-1B's shape in Q4_K_M's mix: about 105 MB of blocks, 362 MB expanded to
+    # bfloat16, so a load that expanded them would break the bound below.
+    shape = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=3, num_attention_heads=32)
+    model = gguf_kit.model("LlamaForCausalLM", tie_word_embeddings=True, **dict(LLAMA, **shape, num_key_value_heads=8))
+    raw = {f"blk.{i}.{n}.weight": "Q6_K" for i in (0, 2) for n in ("attn_v", "ffn_down")}
+    written = gguf_kit.write(model, "Q4_K", raw_types={**raw, "token_embd.weight": "Q6_K"})
+    del model
+    file_mib = written.path.stat().st_size / 2**20
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(written.path)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    before, after, peak = (int(v) for v in done.stdout.split())
+    # the issue's bound: what the process held before + the file + 150 MB (no KV cache is made here)
+    assert after - before <= file_mib + 150, (before, after, file_mib)
+    assert peak - before <= file_mib + 150, (before, peak, file_mib)

@@ -1,0 +1,237 @@
+"""Write random-weight GGUF models shaped like Llama-3.2-1B, for speed and memory benchmarks.
+
+    python tools/make_bench_model.py OUT_DIR [--types Q4_K_M,Q4_0,Q8_0] [--layers 16] [--seed 0]
+
+writes OUT_DIR/bench-1b-<type>.gguf for each type and prints each path and size.
+
+The shape is Llama-3.2-1B's: 16 layers, hidden 2048, 32 query / 8 KV heads of 64, MLP 8192, rope theta
+500000, rms eps 1e-5, context 131072 in the metadata (its llama3 rope scaling is left out), tied embeddings
+(no output.weight). The tokenizer is the starter model's (SmolLM2-135M-Instruct): every tokenizer.* key is
+copied from its GGUF, so the vocabulary has 49152 tokens, not Llama 3's 128256, and the embedding / head is
+49152 x 2048 (the model has about 1.07B parameters instead of 1.24B). The text it generates is noise; the
+speed and memory of every layer are those of the real model.
+
+Weights are random but valid blocks: random bits, with every float16 scale field set so that the
+dequantized weights have an RMS near 0.02 (a trained Llama's), which keeps activations O(1) through all
+16 layers (logits of RMS about 1), far from float16's limits. Development tool: nothing in the app or engine imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+# general.file_type values (llama.cpp's llama_ftype) of the types this tool writes.
+FILE_TYPES = {"Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15}
+
+# Byte offsets of the float16 fields (d, and dmin where there is one) in one block of each type (ggml's
+# block structs); the rest of a block is integers that any bit pattern makes valid.
+F16_FIELDS = {"Q4_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}
+
+# RMS of a block's dequantized values for random bits and |d| = |dmin| = 1 with random signs, measured
+# with gguf.quants.dequantize: Q4_0 d*(q-8); Q8_0 d*int8; Q4_K d*sc*q - dmin*m (6-bit sc, m);
+# Q6_K d*int8_sc*(q-32). The scale fields are drawn as WEIGHT_RMS / this, times 0.5..1.5.
+UNIT_RMS = {"Q4_0": 4.64, "Q8_0": 73.9, "Q4_K": 323.0, "Q6_K": 1367.0}
+WEIGHT_RMS = 0.02
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """One tensor to write: its GGUF name, logical shape [rows, cols] and ggml type name."""
+
+    name: str
+    shape: tuple[int, ...]
+    type_name: str
+
+
+def use_more_bits(layer_idx: int, num_layers: int) -> bool:
+    """llama.cpp's rule for the layers whose attn_v / ffn_down get more bits in the *_K_M mixes."""
+    return layer_idx < num_layers // 8 or layer_idx >= 7 * num_layers // 8 or (layer_idx - num_layers // 8) % 3 == 2
+
+
+def tensor_type(name: str, type_name: str, layer_idx: int, num_layers: int) -> str:
+    """The ggml type of a 2-D weight `name` (in layer `layer_idx`) in a file of `type_name`."""
+    if type_name != "Q4_K_M":
+        return type_name
+    # llama.cpp's Q4_K_M for a llama model with tied embeddings (llama-quant.cpp): token_embd doubles as
+    # the output head, so it gets the head's Q6_K; attn_v and ffn_down are Q6_K in the use_more_bits
+    # layers; every other 2-D weight is Q4_K.
+    if name == "token_embd.weight":
+        return "Q6_K"
+    if name.endswith((".attn_v.weight", ".ffn_down.weight")) and use_more_bits(layer_idx, num_layers):
+        return "Q6_K"
+    return "Q4_K"
+
+
+def plan_tensors(
+    type_name: str,
+    num_layers: int,
+    vocab_size: int,
+    hidden: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    ffn_hidden: int,
+) -> list[TensorPlan]:
+    """Every tensor of the model in llama.cpp's names and order, norms F32."""
+    q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
+    embd_type = tensor_type("token_embd.weight", type_name, 0, num_layers)
+    plans = [TensorPlan("token_embd.weight", (vocab_size, hidden), embd_type)]
+    for i in range(num_layers):
+        weights = {
+            "attn_q": (q_dim, hidden),
+            "attn_k": (kv_dim, hidden),
+            "attn_v": (kv_dim, hidden),
+            "attn_output": (hidden, q_dim),
+            "ffn_gate": (ffn_hidden, hidden),
+            "ffn_up": (ffn_hidden, hidden),
+            "ffn_down": (hidden, ffn_hidden),
+        }
+        plans.append(TensorPlan(f"blk.{i}.attn_norm.weight", (hidden,), "F32"))
+        for short, shape in weights.items():
+            if short == "ffn_gate":
+                plans.append(TensorPlan(f"blk.{i}.ffn_norm.weight", (hidden,), "F32"))
+            name = f"blk.{i}.{short}.weight"
+            plans.append(TensorPlan(name, shape, tensor_type(name, type_name, i, num_layers)))
+    plans.append(TensorPlan("output_norm.weight", (hidden,), "F32"))
+    return plans
+
+
+def random_blocks(rows: int, cols: int, type_name: str, rng: np.random.Generator) -> np.ndarray:
+    """Valid random blocks of a [rows, cols] weight, as uint8 [rows, bytes per row]."""
+    import gguf
+
+    block_size, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+    if cols % block_size:
+        raise ValueError(f"a row of {cols} values is not a whole number of {type_name} blocks ({block_size} values)")
+    num_blocks = rows * cols // block_size
+    blocks = rng.integers(0, 256, size=(num_blocks, type_size), dtype=np.uint8)  # [num_blocks, type_size]
+    scale = WEIGHT_RMS / UNIT_RMS[type_name]
+    for offset in F16_FIELDS[type_name]:
+        # random signs: the weights average zero even where dmin*m would shift them
+        values = scale * rng.uniform(0.5, 1.5, num_blocks) * rng.choice((-1.0, 1.0), num_blocks)
+        blocks[:, offset : offset + 2] = values.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, cols // block_size * type_size)
+
+
+@lru_cache(maxsize=1)
+def tokenizer_fields(gguf_path: Path) -> list[tuple[str, object, object, object]]:
+    """(key, value, value type, array item type) of every tokenizer.* key in a GGUF file.
+
+    Cached: parsing a GGUF with a 49152-token vocabulary takes seconds, and each written type needs it.
+    """
+    import gguf
+
+    reader = gguf.GGUFReader(gguf_path, "r")
+    fields = []
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer."):
+            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            fields.append((key, field.contents(), field.types[0], sub_type))
+    return fields
+
+
+def write_bench_model(
+    path: str | Path,
+    type_name: str,
+    num_layers: int = 16,
+    seed: int = 0,
+    *,
+    hidden: int = 2048,
+    num_heads: int = 32,
+    num_kv_heads: int = 8,
+    head_dim: int = 64,
+    ffn_hidden: int = 8192,
+    context_length: int = 131072,
+    rope_theta: float = 500000.0,
+    rms_eps: float = 1e-5,
+    tokenizer_gguf: str | Path | None = None,
+) -> Path:
+    """Write a random-weight model of `type_name` (Q4_0, Q8_0 or Q4_K_M) to `path` and return the path.
+
+    The tokenizer (and so the vocabulary size) comes from `tokenizer_gguf`, the starter model by default.
+    Tensors are generated and written one at a time, so memory holds at most one (~110 MB for the
+    Q8_0 embedding).
+    """
+    import gguf
+
+    if type_name not in FILE_TYPES:
+        raise ValueError(f"unknown type {type_name!r}; choose from {', '.join(FILE_TYPES)}")
+    if tokenizer_gguf is None:
+        from engine.loading.starter import fetch_starter
+
+        tokenizer_gguf = fetch_starter()
+    tokenizer = tokenizer_fields(Path(tokenizer_gguf).resolve())
+    vocab_size = len(next(value for key, value, _, _ in tokenizer if key == "tokenizer.ggml.tokens"))
+
+    path = Path(path)
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_name(path.stem)
+    writer.add_file_type(FILE_TYPES[type_name])
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.add_block_count(num_layers)
+    writer.add_context_length(context_length)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn_hidden)
+    writer.add_head_count(num_heads)
+    writer.add_head_count_kv(num_kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(rms_eps)
+    writer.add_rope_freq_base(rope_theta)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_vocab_size(vocab_size)
+    for key, value, value_type, sub_type in tokenizer:
+        writer.add_key_value(key, value, value_type, sub_type)
+
+    plans = plan_tensors(type_name, num_layers, vocab_size, hidden, num_heads, num_kv_heads, head_dim, ffn_hidden)
+    for plan in plans:
+        if plan.type_name == "F32":
+            writer.add_tensor_info(plan.name, plan.shape, np.dtype(np.float32), 4 * int(np.prod(plan.shape)))
+        else:
+            qtype = gguf.GGMLQuantizationType[plan.type_name]
+            block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+            rows, cols = plan.shape
+            byte_shape = (rows, cols // block_size * type_size)  # the writer turns it back into [rows, cols]
+            writer.add_tensor_info(plan.name, byte_shape, np.dtype(np.uint8), rows * byte_shape[1], raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for plan in plans:
+        if plan.type_name == "F32":
+            writer.write_tensor_data(np.ones(plan.shape, dtype=np.float32))
+        else:
+            writer.write_tensor_data(random_blocks(*plan.shape, plan.type_name, rng))
+    writer.close()
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", type=Path, help="folder for the bench-1b-<type>.gguf files")
+    parser.add_argument("--types", default="Q4_K_M,Q4_0,Q8_0", help="comma-separated: Q4_K_M, Q4_0, Q8_0")
+    parser.add_argument("--layers", type=int, default=16, help="number of transformer blocks")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    type_names = [t.strip() for t in args.types.split(",") if t.strip()]
+    unknown = [t for t in type_names if t not in FILE_TYPES]
+    if unknown:
+        parser.error(f"unknown type(s) {', '.join(unknown)}; choose from {', '.join(FILE_TYPES)}")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    for type_name in type_names:
+        start = time.perf_counter()
+        path = write_bench_model(args.out_dir / f"bench-1b-{type_name}.gguf", type_name, args.layers, args.seed)
+        size = path.stat().st_size
+        print(f"{path}  {size / 2**20:.1f} MiB ({size} bytes)  in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
