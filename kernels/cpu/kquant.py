@@ -4,9 +4,8 @@ On CPUs with AVX512-VNNI the kernel quantizes x to 8 bits per 256 values and sum
 llama.cpp does (2.1x faster than bfloat16 dot products on the same weights, kquant_matmul.c says how it was
 measured); elsewhere it multiplies bfloat16 x as it is.
 
-Below DENSE_FROM_ROWS rows (decode and speculative steps, short prompts) the kernel reads the blocks directly,
-and each row's result is independent of the others. From there on (prompts) the weight is expanded to
-bfloat16 for the call and multiplied densely, which is faster there. Anything else
+Every row count (decode steps, speculative steps, prompts) goes through the kernel, and each row's result is
+independent of the others. Anything else
 (another type, float32 x, CUDA, no compiler) returns None and the next candidate runs.
 """
 
@@ -15,17 +14,15 @@ from __future__ import annotations
 import ctypes
 
 import torch
-import torch.nn.functional as F
 
 from kernels.cpu import build
 
 TYPES = {"Q4_K": 12, "Q6_K": 14}  # ggml's type numbers, as the C file names them
 BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
 BLOCK_VALUES = 256
-# Rows of x from which expanding the weight to bfloat16 and one dense matmul beat the kernel: measured on a
-# [8192, 2048] weight on 2 cores, the 8-bit path took 9.4 ms (Q4_K) and 13.8 ms (Q6_K) at 64 rows against
-# 15.2 and 18.1 dense, about even at 128 to 256, and lost at 512 (116 against 104).
-DENSE_FROM_ROWS = 128
+# No dense path for prompts: with weight rows taken in L2-sized chunks the kernel beat expanding the weight
+# to bfloat16 and one dense matmul at every size measured ([8192, 2048] Q4_K, 2 cores: 16.1 against 25.7 ms
+# at 128 rows, 69 against 92 at 512, 228 against 322 at 1682), and every row stays independent of the others.
 
 _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 
@@ -34,11 +31,6 @@ def _matmul():
     # type, x, x stride, blocks, out, out stride, rows, n, k, threads
     args = (_int, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64)
     return build.function("kquant_matmul", "kquant_matmul", args, ctypes.c_int)
-
-
-def _dequantize():
-    # type, blocks, out, n, k, threads
-    return build.function("kquant_matmul", "kquant_dequantize", (_int, _ptr, _ptr, _i64, _i64, _i64), ctypes.c_int)
 
 
 def path() -> int:
@@ -55,16 +47,6 @@ def supports(type_name: str, device: torch.device | str, dtype: torch.dtype) -> 
     )
 
 
-def dequantize(blocks: torch.Tensor, type_name: str, num_cols: int) -> torch.Tensor | None:
-    """The weight [N, num_cols] in bfloat16, or None where the kernel cannot do it."""
-    if not _blocks_ok(blocks, type_name, num_cols) or (fn := _dequantize()) is None:
-        return None
-    out = torch.empty(blocks.shape[0], num_cols, dtype=torch.bfloat16)
-    if fn(TYPES[type_name], blocks.data_ptr(), out.data_ptr(), blocks.shape[0], num_cols, torch.get_num_threads()):
-        return None
-    return out
-
-
 def linear(
     x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None
 ) -> torch.Tensor | None:
@@ -76,9 +58,6 @@ def linear(
     if bias is not None and (bias.dtype != x.dtype or bias.device.type != "cpu"):
         return None
     rows = x.reshape(-1, num_cols)
-    if rows.shape[0] >= DENSE_FROM_ROWS:
-        weight = dequantize(blocks, type_name, num_cols)
-        return None if weight is None else F.linear(x, weight, bias)
     fn = _matmul()
     if fn is None or rows.shape[0] == 0:
         return None

@@ -13,8 +13,7 @@
    Elsewhere a plain C loop multiplies the weights, decoded to float32, with x as it is.
 
    Each output depends only on its row of x and its row of the weight, in an order fixed by k: a row's result
-   is the same whatever rows come with it. `kquant_dequantize` writes the bfloat16 weight instead, for
-   prompt-sized inputs (one dense matmul). Both return -1 for a type they do not know. */
+   is the same whatever rows come with it. Returns -1 for a type it does not know. */
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -60,6 +59,7 @@ static inline float read_f16(const uint8_t *p) {
 #endif
 }
 
+#if !(defined(__AVX512VNNI__) && defined(__AVX512BW__)) /* the portable path's decoder */
 /* Q4_K's 6-bit scale and min of sub-block j (0..7) from its twelve packed bytes. */
 static inline void q4k_scale_min(const uint8_t *s, int j, int *scale, int *min) {
     if (j < 4) {
@@ -107,32 +107,12 @@ static void decode_block(int type, const uint8_t *b, float *w) {
         }
     }
 }
+#endif
 
 static int block_bytes(int type) { return type == TYPE_Q4_K ? Q4K_BYTES : (type == TYPE_Q6_K ? Q6K_BYTES : 0); }
 
-/* The weight [n, k] as bfloat16 (each value computed in float32, rounded once). */
-int kquant_dequantize(int type, const uint8_t *w, uint16_t *out, int64_t n, int64_t k, int64_t num_threads) {
-    const int bytes = block_bytes(type);
-    if (!bytes || k % QK) return -1;
-    const int64_t blocks = k / QK;
-#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
-    for (int64_t row = 0; row < n; row++) {
-        float v[QK];
-        for (int64_t b = 0; b < blocks; b++) {
-            decode_block(type, w + (row * blocks + b) * bytes, v);
-            uint16_t *o = out + row * k + b * QK;
-#if defined(__AVX512BF16__)
-            for (int i = 0; i < QK; i += 16) /* round to nearest even, as float_to_bf16 */
-                _mm256_storeu_si256((__m256i *)(o + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(v + i)));
-#else
-            for (int i = 0; i < QK; i++) o[i] = float_to_bf16(v[i]);
-#endif
-        }
-    }
-    return 0;
-}
-
 #define MAX_ROWS 16
+#define W_CHUNK 32
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* The 8-bit path (CPUs with AVX512-VNNI): each row of x is quantized to int8 per 256 values (scale
@@ -284,20 +264,26 @@ static int matmul_q8(int type, const uint16_t *x, int64_t x_stride, const uint8_
         return -1;
     }
     quantize_rows(type, x, x_stride, rows, k, &q);
+    /* Weight rows in chunks of W_CHUNK (a few tens of KB, kept in L2 while every tile of x passes over them),
+       so each tile of quantized x is read once per chunk rather than once per weight row. */
+    const int64_t chunks = (n + W_CHUNK - 1) / W_CHUNK;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && n >= 64)
-    for (int64_t row = 0; row < n; row++) {
-        const uint8_t *wr = w + row * blocks * bytes;
+    for (int64_t chunk = 0; chunk < chunks; chunk++) {
+        const int64_t end = (chunk + 1) * W_CHUNK < n ? (chunk + 1) * W_CHUNK : n;
         for (int64_t first = 0; first < rows; first += MAX_ROWS) {
             const int64_t tile = rows - first < MAX_ROWS ? rows - first : MAX_ROWS;
-            __m512 acc[MAX_ROWS], minus[MAX_ROWS];
-            for (int64_t r = 0; r < tile; r++) acc[r] = minus[r] = _mm512_setzero_ps();
-            if (type == TYPE_Q4_K)
-                row_q4k_q8(wr, blocks, &q, first, tile, k, acc, minus);
-            else
-                row_q6k_q8(wr, blocks, &q, first, tile, k, acc, minus);
-            for (int64_t r = 0; r < tile; r++)
-                out[(first + r) * out_stride + row] =
-                    float_to_bf16(_mm512_reduce_add_ps(acc[r]) - _mm512_reduce_add_ps(minus[r]));
+            for (int64_t row = chunk * W_CHUNK; row < end; row++) {
+                const uint8_t *wr = w + row * blocks * bytes;
+                __m512 acc[MAX_ROWS], minus[MAX_ROWS];
+                for (int64_t r = 0; r < tile; r++) acc[r] = minus[r] = _mm512_setzero_ps();
+                if (type == TYPE_Q4_K)
+                    row_q4k_q8(wr, blocks, &q, first, tile, k, acc, minus);
+                else
+                    row_q6k_q8(wr, blocks, &q, first, tile, k, acc, minus);
+                for (int64_t r = 0; r < tile; r++)
+                    out[(first + r) * out_stride + row] =
+                        float_to_bf16(_mm512_reduce_add_ps(acc[r]) - _mm512_reduce_add_ps(minus[r]));
+            }
         }
     }
     free(q.xq), free(q.dx), free(q.sums);

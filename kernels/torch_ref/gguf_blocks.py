@@ -2,22 +2,36 @@
 
 A weight [N, K] is kept as its file bytes, `blocks` [N, K / values_per_block * bytes_per_block] uint8 (any
 leading shape, any device). Values are computed in float32 exactly as ggml's dequantization does (the same
-products and sums in the same order), so they equal `gguf.quants.dequantize` to the bit.
+products and sums in the same order), so they equal `gguf.quants.dequantize` to the bit. Only torch is used.
 
-Block layouts (little-endian; "f16" is an IEEE half):
+Block layouts (little-endian; "f16" is an IEEE half; "nibbles" of n bytes are all low nibbles, then all high):
 
-    Q4_0  f16 d | 16 B nibbles            value i = d * (q - 8); byte j holds values j (low) and j + 16 (high)
-    Q4_1  f16 d, f16 m | 16 B nibbles     value = d * q + m
-    Q5_0  f16 d | 4 B high bits | 16 B    q = nibble | bit << 4, value = d * (q - 16)
-    Q5_1  f16 d, f16 m | 4 B | 16 B       value = d * q + m
-    Q8_0  f16 d | 32 int8                 value = d * q
-    Q4_K  f16 d, f16 dmin | 12 B 6-bit scales and mins of 8 sub-blocks of 32 | 128 B nibbles
-          value = (d * scale) * q - dmin * min; bytes 32c .. 32c + 31 hold sub-block 2c (low) and 2c + 1 (high)
-    Q5_K  as Q4_K, plus 32 B of fifth bits before the nibbles (bit 2c / 2c + 1 of byte l)
-    Q6_K  128 B low nibbles | 64 B high 2-bit pairs | 16 int8 scales of sub-blocks of 16 | f16 d
-          value = (d * scale) * (q - 32)
+    Q4_0    f16 d | 16 B nibbles                    value = d * (q - 8)
+    Q4_1    f16 d, f16 m | 16 B nibbles             value = d * q + m
+    Q5_0    f16 d | 4 B fifth bits | 16 B nibbles   q = nibble | bit i of the 32-bit word << 4, value = d * (q - 16)
+    Q5_1    f16 d, f16 m | 4 B | 16 B               value = d * q + m
+    Q8_0    f16 d | 32 int8                         value = d * q
+    IQ4_NL  f16 d | 16 B nibbles                    value = d * KVALUES[q]
 
-Types without a torch version here (Q2_K, Q3_K, IQ4_NL, IQ4_XS) go through gguf's own numpy dequantizer.
+Super-blocks of 256 values, in sub-blocks of 16 (Q2_K, Q3_K, Q6_K) or 32 (the others):
+
+    Q2_K    16 B scales (low nibble * d, high nibble * dmin) | 64 B 2-bit q | f16 d, f16 dmin
+            value = (d * scale) * q - dmin * min
+    Q3_K    32 B high-bit mask | 64 B 2-bit q | 12 B 6-bit scales | f16 d
+            value = (d * (scale - 32)) * (q - 4 * (1 - mask bit)): a set mask bit means no offset
+    Q4_K    f16 d, f16 dmin | 12 B 6-bit scales and mins of 8 sub-blocks | 128 B
+            value = (d * scale) * q - dmin * min; bytes 32c .. 32c + 31 hold sub-block 2c (low) and 2c + 1 (high)
+    Q5_K    as Q4_K, plus 32 B of fifth bits before the nibbles (bit j of byte l: value l of sub-block j)
+    Q6_K    128 B low nibbles | 64 B high 2-bit pairs | 16 int8 scales | f16 d
+            value = (d * scale) * (q - 32)
+    IQ4_XS  f16 d | 2 B high scale bits (2 per sub-block) | 4 B low scale nibbles | 128 B, 16 B per sub-block
+            value = (d * (scale - 32)) * KVALUES[q]
+
+The 2-bit q of Q2_K and Q3_K: value 128h + 32s + l is bits 2s, 2s + 1 of byte 32h + l (h half, s shift):
+
+    byte 32h + l:  [ s=3 | s=2 | s=1 | s=0 ]   bits 7..0, two bits each
+
+Q3_K's mask puts the third bit of value 32j + l in bit j of byte l.
 """
 
 from __future__ import annotations
@@ -41,6 +55,9 @@ BLOCKS: dict[str, tuple[int, int]] = {
     "IQ4_XS": (256, 136),
 }
 
+# The 16 non-uniform levels IQ4_NL and IQ4_XS index with a nibble (ggml's kvalues_iq4nl).
+KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
 
 def row_bytes(type_name: str, num_cols: int) -> int:
     """Bytes of one row of `num_cols` values of `type_name`."""
@@ -49,7 +66,8 @@ def row_bytes(type_name: str, num_cols: int) -> int:
     values, size = BLOCKS[type_name]
     if num_cols % values:
         raise ValueError(
-            f"a {type_name} row holds whole blocks of {values} values; {num_cols} columns is not a multiple"
+            f"a {type_name} row holds whole blocks of {values} values: the column count must be a multiple of "
+            f"{values}, got {num_cols}"
         )
     return num_cols // values * size
 
@@ -59,9 +77,35 @@ def _f16(b: torch.Tensor, offset: int) -> torch.Tensor:
     return b[..., offset : offset + 2].contiguous().view(torch.float16).float()
 
 
+def _int8(b: torch.Tensor) -> torch.Tensor:
+    """Bytes [..., n] read as int8, in float32."""
+    return b.contiguous().view(torch.int8).float()
+
+
+def _shifts(start: int, stop: int, step: int, like: torch.Tensor) -> torch.Tensor:
+    return torch.arange(start, stop, step, device=like.device, dtype=torch.uint8)
+
+
 def _nibbles(b: torch.Tensor) -> torch.Tensor:
     """[..., n] bytes -> [..., 2n] values 0..15: all low nibbles, then all high ones."""
     return torch.cat((b & 15, b >> 4), dim=-1)
+
+
+def _bit_planes(b: torch.Tensor) -> torch.Tensor:
+    """[..., n] bytes -> [..., 8, n] bits: [j, l] is bit j of byte l."""
+    return (b.unsqueeze(-2) >> _shifts(0, 8, 1, b).unsqueeze(-1)) & 1
+
+
+def _crumbs(qs: torch.Tensor) -> torch.Tensor:
+    """Q2_K/Q3_K's 64 bytes of 2-bit values [..., 64] -> [..., 256] (see the module docstring)."""
+    pairs = (qs.unflatten(-1, (2, 1, 32)) >> _shifts(0, 8, 2, qs).unsqueeze(-1)) & 3  # [..., 2, 4, 32]
+    return pairs.flatten(-3)
+
+
+def _levels(q: torch.Tensor) -> torch.Tensor:
+    """IQ4 nibbles -> their KVALUES level, float32."""
+    table = torch.tensor(KVALUES, dtype=torch.float32, device=q.device)
+    return table[q.long()]
 
 
 def _q4_0(b):
@@ -74,8 +118,7 @@ def _q4_1(b):
 
 def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
     """Q5_0/Q5_1's 4 bytes of high bits [..., 4] -> [..., 32] bits (bit i of the little-endian 32-bit word)."""
-    bits = (qh.unsqueeze(-1) >> torch.arange(8, device=qh.device, dtype=torch.uint8)) & 1  # [..., 4, 8]
-    return bits.flatten(-2)
+    return _bit_planes(qh).transpose(-1, -2).flatten(-2)
 
 
 def _q5_0(b):
@@ -89,7 +132,34 @@ def _q5_1(b):
 
 
 def _q8_0(b):
-    return _f16(b, 0) * b[..., 2:34].contiguous().view(torch.int8).float()
+    return _f16(b, 0) * _int8(b[..., 2:34])
+
+
+def _iq4_nl(b):
+    return _f16(b, 0) * _levels(_nibbles(b[..., 2:18]))
+
+
+def _q2_k(b):
+    scales = b[..., 0:16]  # [..., 16]: low nibble scales d, high nibble scales dmin
+    q = _crumbs(b[..., 16:80]).unflatten(-1, (16, 16)).float()
+    dl = (_f16(b, 80) * (scales & 15).float()).unsqueeze(-1)
+    ml = (_f16(b, 82) * (scales >> 4).float()).unsqueeze(-1)
+    return (dl * q - ml).flatten(-2)
+
+
+def _q3_k_scales(s: torch.Tensor) -> torch.Tensor:
+    """Q3_K's 12 bytes [..., 12] -> 16 signed 6-bit scales [..., 16] as float32: the low four bits of scale i
+    are nibble i // 8 of byte i % 8, the high two bits are bits 2 (i // 4) of byte 8 + i % 4."""
+    low = torch.cat((s[..., 0:8] & 15, s[..., 0:8] >> 4), dim=-1)
+    high = ((s[..., 8:12].unsqueeze(-2) >> _shifts(0, 8, 2, s).unsqueeze(-1)) & 3).flatten(-2)  # [..., 4 * 4]
+    return (low | (high << 4)).float() - 32.0
+
+
+def _q3_k(b):
+    dl = (_f16(b, 108) * _q3_k_scales(b[..., 96:108])).unsqueeze(-1)  # [..., 16, 1]
+    offset = (_bit_planes(b[..., 0:32]).flatten(-2) ^ 1) << 2  # 4 where the mask bit is clear
+    q = _crumbs(b[..., 32:96]).to(torch.int16) - offset.to(torch.int16)  # -4..3
+    return (dl * q.float().unflatten(-1, (16, 16))).flatten(-2)
 
 
 def _k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,9 +189,7 @@ def _q4_k(b):
 
 
 def _q5_k(b):
-    qh = b[..., 16:48]  # [..., 32]: bit j of byte l is the fifth bit of value l of sub-block j
-    bits = (qh.unsqueeze(-2) >> torch.arange(8, device=b.device, dtype=torch.uint8).unsqueeze(-1)) & 1
-    return _k_sub_blocks(b, _chunk_nibbles(b[..., 48:176]) | (bits << 4))
+    return _k_sub_blocks(b, _chunk_nibbles(b[..., 48:176]) | (_bit_planes(b[..., 16:48]) << 4))
 
 
 def _q6_k(b):
@@ -133,13 +201,32 @@ def _q6_k(b):
         high = (qh >> (2 * t)) & 3
         quarters.append(low | (high << 4))
     q = torch.stack(quarters, dim=-2).to(torch.int16) - 32  # [..., 2, 4, 32]
-    scales = b[..., 192:208].contiguous().view(torch.int8).float().unflatten(-1, (2, 4, 2, 1))
+    scales = _int8(b[..., 192:208]).unflatten(-1, (2, 4, 2, 1))
     d = _f16(b, 208).unsqueeze(-1).unsqueeze(-1).unsqueeze(-1) * scales  # [..., 2, 4, 2, 1]
     return (d * q.float().unflatten(-1, (2, 16))).flatten(-4)
 
 
-_TORCH = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0}
-_TORCH |= {"Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
+def _iq4_xs(b):
+    low = torch.stack((b[..., 4:8] & 15, b[..., 4:8] >> 4), dim=-1).flatten(-2)  # sub-block j: byte j // 2
+    high = ((b[..., 2:4].unsqueeze(-1) >> _shifts(0, 8, 2, b)) & 3).flatten(-2)  # bits 2j of the uint16
+    dl = (_f16(b, 0) * ((low | (high << 4)).float() - 32.0)).unsqueeze(-1)  # [..., 8, 1]
+    return (dl * _levels(_nibbles(b[..., 8:136].unflatten(-1, (8, 16))))).flatten(-2)
+
+
+_DEQUANTIZE = {
+    "Q4_0": _q4_0,
+    "Q4_1": _q4_1,
+    "Q5_0": _q5_0,
+    "Q5_1": _q5_1,
+    "Q8_0": _q8_0,
+    "Q2_K": _q2_k,
+    "Q3_K": _q3_k,
+    "Q4_K": _q4_k,
+    "Q5_K": _q5_k,
+    "Q6_K": _q6_k,
+    "IQ4_NL": _iq4_nl,
+    "IQ4_XS": _iq4_xs,
+}
 
 
 def dequantize(blocks: torch.Tensor, type_name: str, num_cols: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -150,16 +237,8 @@ def dequantize(blocks: torch.Tensor, type_name: str, num_cols: int, dtype: torch
             f"{type_name} rows of {num_cols} values are {size} bytes, got {tuple(blocks.shape)} {blocks.dtype}"
         )
     values, block_size = BLOCKS[type_name]
-    split = blocks.reshape(*blocks.shape[:-1], num_cols // values, block_size)
-    if type_name in _TORCH:
-        out = _TORCH[type_name](split)
-    else:
-        import gguf  # ggml's own numpy dequantizer for the rarer types
-
-        array = gguf.quants.dequantize(
-            split.reshape(-1, block_size).cpu().numpy(), gguf.GGMLQuantizationType[type_name]
-        )
-        out = torch.from_numpy(array.astype("float32", copy=False)).to(blocks.device)
+    split = blocks.reshape(*blocks.shape[:-1], num_cols // values, block_size)  # [..., blocks per row, bytes]
+    out = _DEQUANTIZE[type_name](split)
     return out.reshape(*blocks.shape[:-1], num_cols).to(dtype)
 
 

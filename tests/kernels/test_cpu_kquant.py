@@ -1,8 +1,8 @@
 """The C K-quant matmul (kernels/cpu/kquant.py, kquant_matmul.c) against gguf's own dequantization.
 
 Tried: Q4_K and Q6_K weights of random valid blocks (negative and positive d, nonzero mins, every Q6_K high
-bit), 1 to 47 rows (tiles of 16 with remainders), prompt-sized inputs (the bfloat16 expansion and a dense
-matmul), 1 to 8 blocks per row, 3-D x, a bias. Each row's result must not depend on the rows beside it.
+bit), 1 to 131 rows (tiles of 16 with remainders, more than one chunk of weight rows), 1 to 8 blocks per
+row, 3-D x, a bias. Each row's result must not depend on the rows beside it.
 It must decline float32 x, other types, a wrong row size and non-contiguous blocks. On an AVX512-VNNI CPU
 the kernel's 8-bit path is compared with x quantized as its twin (gguf_blocks.linear_q8) quantizes it; the
 portable C path (TANDEM_CPU_KERNEL_ARCH=x86-64-v3) with x as it is.
@@ -46,7 +46,7 @@ pytestmark = pytest.mark.skipif(not available(), reason="needs a C compiler")
 
 
 def check(got, x, weight, bias=None):
-    if kquant.path() == 2 and x.reshape(-1, x.shape[-1]).shape[0] < kquant.DENSE_FROM_ROWS:
+    if kquant.path() == 2:
         x = gguf_blocks.quantize_activations(x)  # the 8-bit path multiplies x as its twin quantizes it
     want = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
     assert got is not None and got.dtype == torch.bfloat16 and got.shape == want.shape
@@ -55,14 +55,11 @@ def check(got, x, weight, bias=None):
 
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
-@pytest.mark.parametrize("rows", [1, 2, 7, 16, 17, 31, 70, kquant.DENSE_FROM_ROWS + 3])
+@pytest.mark.parametrize("rows", [1, 2, 7, 16, 17, 31, 70, 131])
 def test_rows_match_ggufs_dequantization(type_name, rows):
     blocks = random_blocks(96, 512, type_name, rows)
     x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
-    weight = gguf_weight(blocks, type_name)
-    if rows >= kquant.DENSE_FROM_ROWS:  # the prompt path multiplies the weight rounded to bfloat16
-        weight = weight.bfloat16().float()
-    check(kquant.linear(x, blocks, type_name), x, weight)
+    check(kquant.linear(x, blocks, type_name), x, gguf_weight(blocks, type_name))
 
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
@@ -77,17 +74,11 @@ def test_shapes(type_name, num_rows, num_cols):
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
 def test_each_row_is_computed_as_if_alone(type_name):
     blocks = random_blocks(128, 1024, type_name, 5)
-    x = torch.randn(kquant.DENSE_FROM_ROWS - 1, 1024, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(40, 1024, generator=torch.Generator().manual_seed(2))
     x = x.to(torch.bfloat16)
     together = kquant.linear(x, blocks, type_name)
     for row in (0, 5, 16, x.shape[0] - 1):
         assert torch.equal(kquant.linear(x[row : row + 1], blocks, type_name)[0], together[row])
-
-
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
-def test_dequantize_is_ggufs_values_rounded_once(type_name):
-    blocks = random_blocks(40, 768, type_name, 9)
-    assert torch.equal(kquant.dequantize(blocks, type_name, 768), gguf_weight(blocks, type_name).bfloat16())
 
 
 def test_declines_what_it_cannot_read():

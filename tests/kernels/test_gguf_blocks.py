@@ -19,9 +19,11 @@ F16_FIELDS = {
     "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,),
     "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,),
 }  # fmt: skip
+TYPES = list(gguf_blocks.BLOCKS)
 
 
 def random_blocks(type_name: str, num_rows: int, num_blocks: int, seed: int) -> np.ndarray:
+    """[num_rows, num_blocks * bytes per block] of random bytes with small finite float16 fields of both signs."""
     rng = np.random.default_rng(seed)
     size = gguf_blocks.BLOCKS[type_name][1]
     blocks = rng.integers(0, 256, size=(num_rows * num_blocks, size), dtype=np.uint8)
@@ -36,53 +38,83 @@ def reference(blocks: np.ndarray, type_name: str, num_cols: int) -> torch.Tensor
     return torch.from_numpy(values.reshape(blocks.shape[0], num_cols).astype(np.float32))
 
 
-@pytest.mark.parametrize("type_name", list(gguf_blocks.BLOCKS))
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal as numbers (so -0.0 == 0.0), NaN where the other is NaN."""
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+@pytest.mark.parametrize("type_name", TYPES)
 def test_block_sizes_are_ggmls(type_name):
     assert tuple(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]) == gguf_blocks.BLOCKS[type_name]
 
 
-@pytest.mark.parametrize("type_name", list(gguf_blocks.BLOCKS))
+@pytest.mark.parametrize("type_name", TYPES)
+def test_float16_fields_are_where_ggml_puts_them(type_name):
+    """Scaling every float16 field by 2 (an exponent bump, exact) scales every value by 2 in gguf's reference:
+    the fields F16_FIELDS names are the block's only scales."""
+    blocks = random_blocks(type_name, 2, 2, seed=5)
+    doubled = blocks.reshape(-1, gguf_blocks.BLOCKS[type_name][1]).copy()
+    for offset in F16_FIELDS[type_name]:
+        field = doubled[:, offset : offset + 2].copy().view(np.float16) * np.float16(2)
+        doubled[:, offset : offset + 2] = field.view(np.uint8)
+    num_cols = 2 * gguf_blocks.BLOCKS[type_name][0]
+    want = reference(blocks, type_name, num_cols) * 2
+    assert same_values(reference(doubled.reshape(2, -1), type_name, num_cols), want)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize(("num_rows", "num_blocks"), [(1, 1), (3, 2), (7, 3)])
 def test_dequantize_equals_ggufs_to_the_bit(type_name, num_rows, num_blocks):
     blocks = random_blocks(type_name, num_rows, num_blocks, seed=num_rows * 10 + num_blocks)
     num_cols = num_blocks * gguf_blocks.BLOCKS[type_name][0]
     ours = gguf_blocks.dequantize(torch.from_numpy(blocks), type_name, num_cols)
     want = reference(blocks, type_name, num_cols)
-    assert ours.dtype == torch.float32 and torch.isfinite(want).all()
-    assert torch.equal(ours, want), type_name
+    assert ours.dtype == torch.float32 and ours.shape == (num_rows, num_cols)
+    assert torch.isfinite(want).all() and want.abs().max() > 0
+    assert same_values(ours, want), type_name
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", TYPES)
 def test_leading_dimensions_and_bfloat16(type_name):
     blocks = torch.from_numpy(random_blocks(type_name, 6, 2, seed=1)).reshape(2, 3, -1)
     num_cols = 2 * gguf_blocks.BLOCKS[type_name][0]
     flat = gguf_blocks.dequantize(blocks.reshape(6, -1), type_name, num_cols)
-    assert torch.equal(gguf_blocks.dequantize(blocks, type_name, num_cols), flat.reshape(2, 3, num_cols))
-    assert torch.equal(
-        gguf_blocks.dequantize(blocks, type_name, num_cols, torch.bfloat16), flat.reshape(2, 3, -1).bfloat16()
-    )
+    shaped = gguf_blocks.dequantize(blocks, type_name, num_cols)
+    assert shaped.shape == (2, 3, num_cols) and torch.equal(shaped, flat.reshape(2, 3, num_cols))
+    as_bf16 = gguf_blocks.dequantize(blocks, type_name, num_cols, torch.bfloat16)
+    assert as_bf16.dtype == torch.bfloat16 and torch.equal(as_bf16, shaped.bfloat16())
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 5, 17])
-def test_linear_is_the_product_rounded_once(type_name, dtype, rows):
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_linear_is_the_product_rounded_once(type_name, dtype, rows, has_bias):
+    num_out = 24
     num_cols = 2 * gguf_blocks.BLOCKS[type_name][0]
-    blocks = random_blocks(type_name, 24, 2, seed=rows)
+    blocks = random_blocks(type_name, num_out, 2, seed=rows)
     weight = reference(blocks, type_name, num_cols).double()
-    x = torch.randn(rows, num_cols, generator=torch.Generator().manual_seed(rows)).to(dtype)
-    bias = torch.randn(24).to(dtype)
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, num_cols, generator=gen).to(dtype)
+    bias = torch.randn(num_out, generator=gen).to(dtype) if has_bias else None
     got = gguf_blocks.linear(x, torch.from_numpy(blocks), type_name, bias)
-    want = x.double() @ weight.T + bias.double()
-    assert got.dtype == dtype
-    rtol = 2**-8 if dtype == torch.bfloat16 else 1e-6
-    torch.testing.assert_close(got.double(), want, rtol=rtol, atol=1e-5 * want.abs().max().item())
+    want = x.double() @ weight.T + (0.0 if bias is None else bias.double())  # [rows, num_out]
+    assert got.dtype == dtype and got.shape == (rows, num_out)
+    # float32 sums: a few float32 ulps of sum |x w| + |bias|; then one rounding to dtype (2**-9 relative in
+    # bfloat16), taken relative to the row's largest output
+    magnitude = (x.double().abs() @ weight.abs().T + (0.0 if bias is None else bias.double().abs())).amax(-1)
+    rtol = 2**-8 if dtype == torch.bfloat16 else 2**-23
+    bound = rtol * want.abs().amax(-1) + 1e-6 * magnitude + 1e-30  # [rows]
+    assert ((got.double() - want).abs() <= bound[:, None]).all()
 
 
 def test_rows_that_are_not_whole_blocks_are_refused():
-    with pytest.raises(ValueError, match="Q4_K row holds whole blocks of 256 values; 300 columns"):
+    with pytest.raises(ValueError, match="Q4_K.*column count must be a multiple of 256, got 300"):
         gguf_blocks.row_bytes("Q4_K", 300)
+    with pytest.raises(ValueError, match="IQ4_NL.*column count must be a multiple of 32, got 48"):
+        gguf_blocks.row_bytes("IQ4_NL", 48)
     with pytest.raises(ValueError, match="not a GGUF block type"):
         gguf_blocks.row_bytes("Q9_X", 256)
     with pytest.raises(ValueError, match="Q6_K rows of 256 values are 210 bytes"):
         gguf_blocks.dequantize(torch.zeros(2, 144, dtype=torch.uint8), "Q6_K", 256)
+    assert gguf_blocks.row_bytes("Q6_K", 512) == 420 and gguf_blocks.row_bytes("Q8_0", 64) == 68
