@@ -3,6 +3,7 @@
 
    Q4_K (144 bytes per 256 weights): d, dmin (float16); twelve bytes of 6-bit scale and min for eight
    sub-blocks of 32; 128 bytes of 4-bit q. Weight = d * scale[j] * q - dmin * min[j].
+   Q5_K (176 bytes): as Q4_K with 32 bytes of fifth bits before the 4-bit q, q in 0..31.
    Q6_K (210 bytes per 256 weights): 128 bytes of low nibbles, 64 of high 2-bit pairs, sixteen int8 scales for
    sub-blocks of 16, d (float16). Weight = d * scale[j] * (q - 32), q in 0..63.
 
@@ -24,8 +25,8 @@
 
 #include "bf16.h"
 
-enum { TYPE_Q4_K = 12, TYPE_Q6_K = 14 }; /* ggml's type numbers */
-enum { QK = 256, Q4K_BYTES = 144, Q6K_BYTES = 210 };
+enum { TYPE_Q4_K = 12, TYPE_Q5_K = 13, TYPE_Q6_K = 14 }; /* ggml's type numbers */
+enum { QK = 256, Q4K_BYTES = 144, Q5K_BYTES = 176, Q6K_BYTES = 210 };
 
 static inline float f16_to_float(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
@@ -73,17 +74,19 @@ static inline void q4k_scale_min(const uint8_t *s, int j, int *scale, int *min) 
 
 /* The 256 weights of one super-block, in float32 exactly as the twin computes them. */
 static void decode_block(int type, const uint8_t *b, float *w) {
-    if (type == TYPE_Q4_K) {
+    if (type == TYPE_Q4_K || type == TYPE_Q5_K) {
         const float d = read_f16(b), dmin = read_f16(b + 2);
-        const uint8_t *q = b + 16;
+        const int five = type == TYPE_Q5_K;
+        const uint8_t *q = b + (five ? 48 : 16), *qh = b + 16; /* Q5_K: bit j of qh[l] tops value l of sub-block j */
         for (int c = 0; c < 4; c++) {
             int sa, ma, sb, mb;
             q4k_scale_min(b + 4, 2 * c, &sa, &ma);
             q4k_scale_min(b + 4, 2 * c + 1, &sb, &mb);
             const float da = d * sa, mina = dmin * ma, db = d * sb, minb = dmin * mb;
             for (int l = 0; l < 32; l++) {
-                w[64 * c + l] = da * (q[32 * c + l] & 15) - mina;
-                w[64 * c + 32 + l] = db * (q[32 * c + l] >> 4) - minb;
+                const int ha = five ? ((qh[l] >> (2 * c)) & 1) << 4 : 0, hb = five ? ((qh[l] >> (2 * c + 1)) & 1) << 4 : 0;
+                w[64 * c + l] = da * ((q[32 * c + l] & 15) + ha) - mina;
+                w[64 * c + 32 + l] = db * ((q[32 * c + l] >> 4) + hb) - minb;
             }
         }
     } else {
@@ -109,7 +112,9 @@ static void decode_block(int type, const uint8_t *b, float *w) {
 }
 #endif
 
-static int block_bytes(int type) { return type == TYPE_Q4_K ? Q4K_BYTES : (type == TYPE_Q6_K ? Q6K_BYTES : 0); }
+static int block_bytes(int type) {
+    return type == TYPE_Q4_K ? Q4K_BYTES : type == TYPE_Q5_K ? Q5K_BYTES : type == TYPE_Q6_K ? Q6K_BYTES : 0;
+}
 
 #define MAX_ROWS 16
 #define W_CHUNK 32
@@ -122,9 +127,9 @@ static int block_bytes(int type) { return type == TYPE_Q4_K ? Q4K_BYTES : (type 
    kernels/torch_ref/gguf_blocks.py's linear_q8 is its twin. */
 
 typedef struct {
-    int8_t *xq;  /* [rows, k]: Q6_K in natural order; Q4_K per block in the order its nibbles unpack */
+    int8_t *xq;  /* [rows, k]: Q6_K in natural order; Q4_K/Q5_K per block in the order their nibbles unpack */
     float *dx;   /* [rows, blocks] */
-    float *sums; /* [rows, blocks, 16]: dx * sum of xq per sub-block (Q4_K: 8 of 32, Q6_K: 16 of 16), Q6_K's times 32 */
+    float *sums; /* [rows, blocks, 16]: dx * sum of xq per sub-block (Q4_K/Q5_K: 8 of 32, Q6_K: 16 of 16), Q6_K's x 32 */
 } Quantized;
 
 static void quantize_rows(int type, const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k, Quantized *q) {
@@ -146,14 +151,14 @@ static void quantize_rows(int type, const uint16_t *x, int64_t x_stride, int64_t
                 _mm_storeu_si128((__m128i *)(xq + i), _mm512_cvtsepi32_epi8(rounded));
             }
             float *sums = q->sums + (r * blocks + b) * 16;
-            const int sub = type == TYPE_Q4_K ? 32 : 16;
+            const int sub = type == TYPE_Q6_K ? 16 : 32;
             for (int j = 0; j < QK / sub; j++) {
                 int32_t total = 0;
                 for (int i = 0; i < sub; i++) total += xq[sub * j + i];
                 sums[j] = dx * (float)total * (type == TYPE_Q6_K ? 32.0f : 1.0f);
             }
             int8_t *dst = q->xq + r * k + b * QK;
-            if (type == TYPE_Q4_K) { /* 64-byte groups: [0..31, 64..95], [32..63, 96..127], then +128 */
+            if (type != TYPE_Q6_K) { /* 64-byte groups: [0..31, 64..95], [32..63, 96..127], then +128 */
                 for (int p = 0; p < 2; p++) {
                     memcpy(dst + 128 * p, xq + 128 * p, 32);
                     memcpy(dst + 128 * p + 32, xq + 128 * p + 64, 32);
@@ -172,9 +177,19 @@ static inline __m512 dot_f(__m512i q, const int8_t *xq) {
     return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(xq)));
 }
 
-static void row_q4k_q8(const uint8_t *w, int64_t blocks, const Quantized *q, int64_t first, int64_t rows, int64_t k,
-                       __m512 *acc, __m512 *minus) {
-    const __m512i low4 = _mm512_set1_epi8(15);
+/* Q4_K, or Q5_K (`five`): the same scales and nibbles, plus a fifth bit per value from 32 bytes of qh (bit j of
+   byte l belongs to value l of sub-block j), shifted into place per 64-byte group. */
+static void row_q45k_q8(const uint8_t *w, int64_t blocks, const Quantized *q, int64_t first, int64_t rows, int64_t k,
+                        __m512 *acc, __m512 *minus, int five) {
+    const __m512i low4 = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
+    const int bytes = five ? Q5K_BYTES : Q4K_BYTES, qs = five ? 48 : 16;
+    /* sub-blocks of each unpacked group's two halves (0 and 2, 1 and 3, 4 and 6, 5 and 7): qh's bit to take */
+    const __m512i shift[4] = {
+        _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1),
+        _mm512_inserti64x4(_mm512_set1_epi16(1), _mm256_set1_epi16(3), 1),
+        _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1),
+        _mm512_inserti64x4(_mm512_set1_epi16(5), _mm256_set1_epi16(7), 1),
+    };
     const __m512i pick[4] = {
         _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0),
         _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
@@ -182,7 +197,7 @@ static void row_q4k_q8(const uint8_t *w, int64_t blocks, const Quantized *q, int
         _mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 5, 5, 5, 5, 5, 5, 5, 5),
     };
     for (int64_t b = 0; b < blocks; b++) {
-        const uint8_t *blk = w + b * Q4K_BYTES;
+        const uint8_t *blk = w + b * bytes;
         const float d = read_f16(blk), dmin = read_f16(blk + 2);
         uint32_t packed[3], unpacked[4];
         memcpy(packed, blk + 4, 12);
@@ -197,13 +212,19 @@ static void row_q4k_q8(const uint8_t *w, int64_t blocks, const Quantized *q, int
             _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(unpacked + 2)))));
         __m512 scale[4];
         for (int i = 0; i < 4; i++) scale[i] = _mm512_permutexvar_ps(pick[i], scales);
-        const __m512i q0 = _mm512_loadu_si512(blk + 16), q1 = _mm512_loadu_si512(blk + 80);
-        const __m512i nib[4] = {
+        const __m512i q0 = _mm512_loadu_si512(blk + qs), q1 = _mm512_loadu_si512(blk + qs + 64);
+        __m512i nib[4] = {
             _mm512_and_si512(q0, low4),
             _mm512_and_si512(_mm512_srli_epi16(q0, 4), low4),
             _mm512_and_si512(q1, low4),
             _mm512_and_si512(_mm512_srli_epi16(q1, 4), low4),
         };
+        if (five) { /* a 16-bit shift by s then & 1 takes bit s of each byte */
+            const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)));
+            for (int i = 0; i < 4; i++)
+                nib[i] = _mm512_or_si512(
+                    nib[i], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift[i]), one), 4));
+        }
         for (int64_t r = 0; r < rows; r++) {
             const int8_t *xq = q->xq + (first + r) * k + b * QK;
             const __m512 t01 = _mm512_fmadd_ps(scale[1], dot_f(nib[1], xq + 64), _mm512_mul_ps(scale[0], dot_f(nib[0], xq)));
@@ -276,10 +297,10 @@ static int matmul_q8(int type, const uint16_t *x, int64_t x_stride, const uint8_
                 const uint8_t *wr = w + row * blocks * bytes;
                 __m512 acc[MAX_ROWS], minus[MAX_ROWS];
                 for (int64_t r = 0; r < tile; r++) acc[r] = minus[r] = _mm512_setzero_ps();
-                if (type == TYPE_Q4_K)
-                    row_q4k_q8(wr, blocks, &q, first, tile, k, acc, minus);
-                else
+                if (type == TYPE_Q6_K)
                     row_q6k_q8(wr, blocks, &q, first, tile, k, acc, minus);
+                else
+                    row_q45k_q8(wr, blocks, &q, first, tile, k, acc, minus, type == TYPE_Q5_K);
                 for (int64_t r = 0; r < tile; r++)
                     out[(first + r) * out_stride + row] =
                         float_to_bf16(_mm512_reduce_add_ps(acc[r]) - _mm512_reduce_add_ps(minus[r]));

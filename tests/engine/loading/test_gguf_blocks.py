@@ -148,3 +148,15 @@ def test_resident_memory_after_loading_is_about_the_file(gguf_kit):
     # the bound: what the process held before + the file + 150 MB (no KV cache is made here)
     assert after - before <= file_mib + 150, (before, after, file_mib)
     assert peak - before <= file_mib + 150, (before, peak, file_mib)
+
+
+def test_q5_k_stays_in_its_blocks(gguf_kit):
+    # Q5_K_M files: Q5_K beside Q6_K, both read by the kernel
+    model = gguf_kit.model("LlamaForCausalLM", tie_word_embeddings=True, **LLAMA)
+    written = gguf_kit.write(model, "Q5_K", raw_types={"blk.1.attn_v.weight": "Q6_K"})
+    ours = Model.load(written.path)
+    assert ours.model.layers[1].self_attn.qkv_proj.block_types == ["Q5_K", "Q5_K", "Q6_K"]
+    assert ours.model.embed_tokens.block_type == "Q5_K" and ours.lm_head.block_types == ["Q5_K"]
+    ids = torch.tensor(PROMPT)
+    assert torch.equal(ours.embed(ids), Model.load(written.path, quantized=None).embed(ids))
+    assert torch.isfinite(logits(ours, PROMPT)).all()
