@@ -48,10 +48,11 @@ block_row_bytes = gguf_blocks.row_bytes
 dequantize_blocks = gguf_blocks.dequantize  # a few rows at a time: embedding lookups
 
 
-def can_keep_blocks(type_name: str, device: torch.device | str, dtype: torch.dtype) -> bool:
-    """True where a weight of GGUF type `type_name` can stay in its blocks for `dtype` inputs on `device` at
-    decode speed (a C kernel reads it); elsewhere the loader expands it, as the twin would on every call."""
-    return cpu_kquant.supports(type_name, device, dtype)
+def can_keep_blocks(type_name: str, device: torch.device | str, dtype: torch.dtype, num_cols: int) -> bool:
+    """True where a weight of GGUF type `type_name` with rows of `num_cols` can stay in its blocks for `dtype`
+    inputs on `device` at decode speed (a C kernel reads it); elsewhere the loader expands or repacks it, as
+    the twin would expand it on every call."""
+    return cpu_kquant.supports(type_name, device, dtype, num_cols)
 
 
 # Build the C kernels ahead of the first CPU forward (kernels/cpu/build.py); a no-op once they are cached.

@@ -69,9 +69,10 @@ def load_gguf(
     `rope_freq_factors` (llama3-style rope, present only if the file has `rope_freqs.weight`), which
     stays float32. `progress(fraction)` is called as tensors load. `quantized="int4"` keeps Q4_0 / Q4_1
     attention and MLP projection weights 4-bit (`QuantizedWeight`, same Hugging Face row order) and Q8_0
-    ones, and a Q8_0 output head (tied or not), as two 4-bit planes (`SplitWeight`); K-quant projections,
-    output heads and embedding tables a kernel on `device` reads (Q4_K, Q6_K) stay in their blocks
-    (`BlockWeight`); None dequantizes everything.
+    ones, and a Q8_0 output head (tied or not), as two 4-bit planes (`SplitWeight`); projections, output
+    heads and embedding tables a kernel on `device` reads in their own blocks (Q4_K, Q5_K, Q6_K, and Q8_0
+    with rows of whole multiples of 256) stay in those blocks (`BlockWeight`), before any of that;
+    None dequantizes everything.
 
     Raises MissingFileError, CorruptFileError, UnsupportedArchitectureError, TensorMismatchError, or
     ModelLoadError for a tensor type that cannot be dequantized; nothing is returned half-loaded.
@@ -95,13 +96,18 @@ def load_gguf(
     state_dict: dict[str, torch.Tensor | QuantizedWeight | SplitWeight] = {}
     for hf_name, t in selected:
         packs = quantized == "int4" and (hf_name.endswith("_proj.weight") or hf_name == "lm_head.weight")
+        num_cols = int(t.shape[0])  # GGUF dims run innermost first
+        keeps_blocks = (
+            quantized == "int4"
+            and (packs or hf_name == EMBEDDINGS)
+            and ops.can_keep_blocks(t.tensor_type.name, device, dtype, num_cols)
+        )
         try:
             tied_head = hf_name == EMBEDDINGS and config.tie_word_embeddings and t.tensor_type.name in _INT8_TYPES
-            if quantized == "int4" and tied_head:  # the tied head gets a packed copy; lookups keep floats
+            if quantized == "int4" and tied_head and not keeps_blocks:  # the tied head gets a packed copy
                 # (made before the float embeddings, so the two transients are never alive together)
                 state_dict["lm_head.weight"] = _int8_weight(t, dtype).map_rows(lambda rows: rows.to(device))
-            keeps_blocks = quantized == "int4" and (packs or hf_name == EMBEDDINGS)
-            if keeps_blocks and ops.can_keep_blocks(t.tensor_type.name, device, dtype):
+            if keeps_blocks:
                 values = _block_weight(t, dtype)  # a tied head shares the embeddings' blocks (Linear.tie_to)
             elif packs and t.tensor_type.name in _INT4_TYPES:
                 values = _int4_weight(t, dtype)

@@ -165,7 +165,7 @@ class BlockWeight:
         return torch.cat([ops.dequantize_blocks(b, t, self.num_cols, self.dtype) for b, t in self.parts])
 
     def is_packable(self) -> bool:
-        return all(ops.can_keep_blocks(t, self.device, self.dtype) for _, t in self.parts)
+        return all(ops.can_keep_blocks(t, self.device, self.dtype, self.num_cols) for _, t in self.parts)
 
 
 class Linear(nn.Module):

@@ -1,4 +1,4 @@
-"""Linear layers over GGUF K-quant blocks (Q4_K, Q5_K, Q6_K) for bfloat16 x, through the C kernel (kquant_matmul.c).
+"""Linear layers over GGUF blocks (Q4_K, Q5_K, Q6_K and Q8_0) for bfloat16 x, through the C kernel (kquant_matmul.c).
 
 On CPUs with AVX512-VNNI the kernel quantizes x to 8 bits per 256 values and sums integer products, as
 llama.cpp does (2.1x faster than bfloat16 dot products on the same weights, kquant_matmul.c says how it was
@@ -17,8 +17,8 @@ import torch
 
 from kernels.cpu import build
 
-TYPES = {"Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # ggml's type numbers, as the C file names them
-BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+TYPES = {"Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # ggml's type numbers, as the C file names them
+BLOCK_BYTES = {"Q8_0": 272, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # bytes per 256 values (eight Q8_0 blocks)
 BLOCK_VALUES = 256
 # No dense path for prompts: with weight rows taken in L2-sized chunks the kernel beat expanding the weight
 # to bfloat16 and one dense matmul at every size measured ([8192, 2048] Q4_K, 2 cores: 16.1 against 25.7 ms
@@ -40,10 +40,15 @@ def path() -> int:
     return -1 if fn is None else fn()
 
 
-def supports(type_name: str, device: torch.device | str, dtype: torch.dtype) -> bool:
-    """True where weights of `type_name` on `device` can stay in their blocks and run through this kernel."""
+def supports(type_name: str, device: torch.device | str, dtype: torch.dtype, num_cols: int) -> bool:
+    """True where rows of `num_cols` values of `type_name` on `device` can stay in their blocks and run through
+    this kernel (it takes x 256 values at a time, so rows must hold whole multiples of 256)."""
     return (
-        type_name in TYPES and torch.device(device).type == "cpu" and dtype == torch.bfloat16 and _matmul() is not None
+        type_name in TYPES
+        and num_cols % BLOCK_VALUES == 0
+        and torch.device(device).type == "cpu"
+        and dtype == torch.bfloat16
+        and _matmul() is not None
     )
 
 

@@ -1,7 +1,7 @@
-"""The C K-quant matmul (kernels/cpu/kquant.py, kquant_matmul.c) against gguf's own dequantization.
+"""The C GGUF-block matmul (kernels/cpu/kquant.py, kquant_matmul.c) against gguf's own dequantization.
 
-Tried: Q4_K, Q5_K and Q6_K weights of random valid blocks (negative and positive d, nonzero mins, every Q5_K
-and Q6_K high bit), 1 to 131 rows (tiles of 16 with remainders, more than one chunk of weight rows), 1 to 8 blocks per
+Tried: Q4_K, Q5_K, Q6_K and Q8_0 weights of random valid blocks (negative and positive d, nonzero mins, every
+Q5_K and Q6_K high bit, int8 q of both signs), 1 to 131 rows (tiles of 16 with remainders, more than one chunk of weight rows), 1 to 8 blocks per
 row, 3-D x, a bias. Each row's result must not depend on the rows beside it.
 It must decline float32 x, other types, a wrong row size and non-contiguous blocks. On an AVX512-VNNI CPU
 the kernel's 8-bit path is compared with x quantized as its twin (gguf_blocks.linear_q8) quantizes it; the
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from kernels.cpu import kquant
 from kernels.torch_ref import gguf_blocks
 
-F16_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+F16_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": tuple(range(0, 272, 34))}  # per 256 values
 
 
 def random_blocks(num_rows: int, num_cols: int, type_name: str, seed: int) -> torch.Tensor:
@@ -54,7 +54,7 @@ def check(got, x, weight, bias=None):
     torch.testing.assert_close(got.double(), want, rtol=2**-7, atol=1e-4 * want.abs().max().item())
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0"])
 @pytest.mark.parametrize("rows", [1, 2, 7, 16, 17, 31, 70, 131])
 def test_rows_match_ggufs_dequantization(type_name, rows):
     blocks = random_blocks(96, 512, type_name, rows)
@@ -62,7 +62,7 @@ def test_rows_match_ggufs_dequantization(type_name, rows):
     check(kquant.linear(x, blocks, type_name), x, gguf_weight(blocks, type_name))
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0"])
 @pytest.mark.parametrize(("num_rows", "num_cols"), [(64, 256), (130, 768), (33, 2048)])
 def test_shapes(type_name, num_rows, num_cols):
     blocks = random_blocks(num_rows, num_cols, type_name, num_rows)
@@ -71,7 +71,7 @@ def test_shapes(type_name, num_rows, num_cols):
     check(kquant.linear(x, blocks, type_name, bias), x, gguf_weight(blocks, type_name), bias)
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0"])
 def test_each_row_is_computed_as_if_alone(type_name):
     blocks = random_blocks(128, 1024, type_name, 5)
     x = torch.randn(40, 1024, generator=torch.Generator().manual_seed(2))
@@ -90,4 +90,7 @@ def test_declines_what_it_cannot_read():
     assert kquant.linear(x, blocks[:, :100], "Q4_K") is None  # not a whole row of blocks
     assert kquant.linear(x, torch.cat([blocks, blocks], 1)[:, ::2], "Q4_K") is None  # not contiguous
     assert kquant.linear(torch.ones(1, 128, dtype=torch.bfloat16), blocks, "Q4_K") is None  # wrong K
-    assert not kquant.supports("Q4_K", "cpu", torch.float32) and kquant.supports("Q4_K", "cpu", torch.bfloat16)
+    assert kquant.supports("Q4_K", "cpu", torch.bfloat16, 256) and not kquant.supports(
+        "Q4_K", "cpu", torch.float32, 256
+    )
+    assert not kquant.supports("Q8_0", "cpu", torch.bfloat16, 576)  # x goes 256 values at a time: the starter's 576

@@ -41,7 +41,7 @@ sys.modules[_SPEC.name] = bench_model  # its dataclasses look their module up th
 _SPEC.loader.exec_module(bench_model)
 
 pytestmark = pytest.mark.skipif(
-    not kquant.supports("Q4_K", "cpu", torch.bfloat16), reason="needs a C compiler for the K-quant kernel"
+    not kquant.supports("Q4_K", "cpu", torch.bfloat16, 256), reason="needs a C compiler for the K-quant kernel"
 )
 
 
@@ -157,6 +157,21 @@ def test_q5_k_stays_in_its_blocks(gguf_kit):
     ours = Model.load(written.path)
     assert ours.model.layers[1].self_attn.qkv_proj.block_types == ["Q5_K", "Q5_K", "Q6_K"]
     assert ours.model.embed_tokens.block_type == "Q5_K" and ours.lm_head.block_types == ["Q5_K"]
+    ids = torch.tensor(PROMPT)
+    assert torch.equal(ours.embed(ids), Model.load(written.path, quantized=None).embed(ids))
+    assert torch.isfinite(logits(ours, PROMPT)).all()
+
+
+def test_q8_0_with_whole_256_value_rows_stays_in_its_blocks(gguf_kit):
+    # Rows of 256 values: the kernel reads the file's Q8_0 blocks (a tied head shares the table), instead of
+    # the two 4-bit planes that rows of other lengths (the starter's 576) still become.
+    model = gguf_kit.model("LlamaForCausalLM", tie_word_embeddings=True, **LLAMA)
+    written = gguf_kit.write(model, "Q8_0")
+    ours = Model.load(written.path)
+    assert ours.model.layers[0].self_attn.qkv_proj.block_types == ["Q8_0"] * 3
+    assert ours.model.layers[0].mlp.down_proj.block_types == ["Q8_0"]  # 512 columns
+    assert ours.model.embed_tokens.block_type == "Q8_0" and ours.lm_head.packed is None
+    assert ours.lm_head.blocks0.data_ptr() == ours.model.embed_tokens.blocks.data_ptr()
     ids = torch.tensor(PROMPT)
     assert torch.equal(ours.embed(ids), Model.load(written.path, quantized=None).embed(ids))
     assert torch.isfinite(logits(ours, PROMPT)).all()
