@@ -423,8 +423,9 @@ def _block_weight(t: Any, dtype: torch.dtype) -> BlockWeight:
     with warnings.catch_warnings():  # the map is read-only, and so is every use of the blocks
         warnings.simplefilter("ignore", UserWarning)
         blocks = torch.from_numpy(t.data.view(np.uint8)).reshape(num_rows, -1)
-    if blocks.shape[1] != ops.block_row_bytes(t.tensor_type.name, num_cols):
-        raise ValueError(f"{blocks.shape[1]} bytes per row, not {ops.block_row_bytes(t.tensor_type.name, num_cols)}")
+    expected = ops.block_row_bytes(t.tensor_type.name, num_cols)
+    if blocks.shape[1] != expected:
+        raise ValueError(f"{blocks.shape[1]} bytes per row, not {expected}")
     return BlockWeight([(blocks, t.tensor_type.name)], num_cols, dtype)
 
 

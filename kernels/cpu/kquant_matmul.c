@@ -188,6 +188,23 @@ static inline __m512 dot_f(__m512i q, const int8_t *xq) {
     return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(xq)));
 }
 
+/* For rows first .. first + rows - 1 of x against super-block b, whose 256 unpacked q are v[0..3] (64 bytes each,
+   in the order quantize_rows laid xq out) with per-lane scales scale[0..3]: acc += dx * sum of scale * (q . xq),
+   minus += sub_scales * (the row's per-sub-block sums), over the `lanes` of sums the type has. */
+static inline void add_rows(const __m512i *v, const __m512 *scale, __m512 sub_scales, __mmask16 lanes,
+                            const Quantized *q, int64_t first, int64_t rows, int64_t k, int64_t blocks, int64_t b,
+                            __m512 *acc, __m512 *minus) {
+    for (int64_t r = 0; r < rows; r++) {
+        const int8_t *xq = q->xq + (first + r) * k + b * QK;
+        const __m512 t01 = _mm512_fmadd_ps(scale[1], dot_f(v[1], xq + 64), _mm512_mul_ps(scale[0], dot_f(v[0], xq)));
+        const __m512 t23 =
+            _mm512_fmadd_ps(scale[3], dot_f(v[3], xq + 192), _mm512_mul_ps(scale[2], dot_f(v[2], xq + 128)));
+        const int64_t rb = (first + r) * blocks + b;
+        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q->dx[rb]), _mm512_add_ps(t01, t23), acc[r]);
+        minus[r] = _mm512_fmadd_ps(sub_scales, _mm512_maskz_loadu_ps(lanes, q->sums + rb * 16), minus[r]);
+    }
+}
+
 /* Q4_K, or Q5_K (`five`): the same scales and nibbles, plus a fifth bit per value from 32 bytes of qh (bit j of
    byte l belongs to value l of sub-block j), shifted into place per 64-byte group. */
 static void row_q45k_q8(const uint8_t *w, int64_t blocks, const Quantized *q, int64_t first, int64_t rows, int64_t k,
@@ -236,15 +253,7 @@ static void row_q45k_q8(const uint8_t *w, int64_t blocks, const Quantized *q, in
                 nib[i] = _mm512_or_si512(
                     nib[i], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift[i]), one), 4));
         }
-        for (int64_t r = 0; r < rows; r++) {
-            const int8_t *xq = q->xq + (first + r) * k + b * QK;
-            const __m512 t01 = _mm512_fmadd_ps(scale[1], dot_f(nib[1], xq + 64), _mm512_mul_ps(scale[0], dot_f(nib[0], xq)));
-            const __m512 t23 =
-                _mm512_fmadd_ps(scale[3], dot_f(nib[3], xq + 192), _mm512_mul_ps(scale[2], dot_f(nib[2], xq + 128)));
-            const int64_t rb = (first + r) * blocks + b;
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q->dx[rb]), _mm512_add_ps(t01, t23), acc[r]);
-            minus[r] = _mm512_fmadd_ps(mins, _mm512_maskz_loadu_ps(0xff, q->sums + rb * 16), minus[r]);
-        }
+        add_rows(nib, scale, mins, 0xff, q, first, rows, k, blocks, b, acc, minus);
     }
 }
 
@@ -273,15 +282,7 @@ static void row_q6k_q8(const uint8_t *w, int64_t blocks, const Quantized *q, int
             six[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low, 4), low4),
                                              _mm512_slli_epi16(_mm512_and_si512(bits23, three), 4));
         }
-        for (int64_t r = 0; r < rows; r++) {
-            const int8_t *xq = q->xq + (first + r) * k + b * QK;
-            const __m512 t01 = _mm512_fmadd_ps(scale[1], dot_f(six[1], xq + 64), _mm512_mul_ps(scale[0], dot_f(six[0], xq)));
-            const __m512 t23 =
-                _mm512_fmadd_ps(scale[3], dot_f(six[3], xq + 192), _mm512_mul_ps(scale[2], dot_f(six[2], xq + 128)));
-            const int64_t rb = (first + r) * blocks + b;
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q->dx[rb]), _mm512_add_ps(t01, t23), acc[r]);
-            minus[r] = _mm512_fmadd_ps(scales16, _mm512_loadu_ps(q->sums + rb * 16), minus[r]);
-        }
+        add_rows(six, scale, scales16, 0xffff, q, first, rows, k, blocks, b, acc, minus);
     }
 }
 
@@ -303,15 +304,7 @@ static void row_q8_0_q8(const uint8_t *w, int64_t blocks, const Quantized *q, in
             v[p] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(a), c, 1), flip);
             scale[p] = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(d[2 * p]), _mm512_set1_ps(d[2 * p + 1]));
         }
-        for (int64_t r = 0; r < rows; r++) {
-            const int8_t *xq = q->xq + (first + r) * k + b * QK;
-            const __m512 t01 = _mm512_fmadd_ps(scale[1], dot_f(v[1], xq + 64), _mm512_mul_ps(scale[0], dot_f(v[0], xq)));
-            const __m512 t23 =
-                _mm512_fmadd_ps(scale[3], dot_f(v[3], xq + 192), _mm512_mul_ps(scale[2], dot_f(v[2], xq + 128)));
-            const int64_t rb = (first + r) * blocks + b;
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q->dx[rb]), _mm512_add_ps(t01, t23), acc[r]);
-            minus[r] = _mm512_fmadd_ps(ds, _mm512_maskz_loadu_ps(0xff, q->sums + rb * 16), minus[r]);
-        }
+        add_rows(v, scale, ds, 0xff, q, first, rows, k, blocks, b, acc, minus);
     }
 }
 
