@@ -12,8 +12,8 @@ from kernels.cpu import attention as cpu_attention
 from kernels.cpu import build as cpu_build
 from kernels.cpu import elementwise as cpu_elementwise
 from kernels.cpu import int4 as cpu_int4
-from kernels.cpu import kquant as cpu_kquant
-from kernels.torch_ref import activation, attention, gguf_blocks, norm, quant, rope
+from kernels.cpu import blocks as cpu_blocks
+from kernels.torch_ref import activation, attention, gguf_blocks, gguf_repack, norm, quant, rope
 
 dispatch.register("write_kv", attention.write_kv, reference=True)
 dispatch.register("paged_attention", attention.paged_attention, reference=True)
@@ -37,8 +37,8 @@ dispatch.register("silu_and_mul", cpu_elementwise.silu_and_mul)
 dispatch.register("linear_int4", cpu_int4.linear_int4)
 dispatch.register("linear_int4", quant.linear_int4_cpu)
 dispatch.register("linear_int4", quant.linear_int4, reference=True)
-# GGUF block-quantized weights read in their own format: the C kernel for K-quants, else the twin.
-dispatch.register("linear_blocks", cpu_kquant.linear)
+# GGUF block-quantized weights read in their own format: the C kernels, else the twin.
+dispatch.register("linear_blocks", cpu_blocks.linear)
 dispatch.register("linear_blocks", gguf_blocks.linear, reference=True)
 
 # Packing is done once at load time, not dispatched: every backend reads the layout these produce.
@@ -48,11 +48,32 @@ block_row_bytes = gguf_blocks.row_bytes
 dequantize_blocks = gguf_blocks.dequantize  # a few rows at a time: embedding lookups
 
 
-def can_keep_blocks(type_name: str, device: torch.device | str, dtype: torch.dtype, num_cols: int) -> bool:
-    """True where a weight of GGUF type `type_name` with rows of `num_cols` can stay in its blocks for `dtype`
-    inputs on `device` at decode speed (a C kernel reads it); elsewhere the loader expands or repacks it, as
-    the twin would expand it on every call."""
-    return cpu_kquant.supports(type_name, device, dtype, num_cols)
+def can_keep_blocks(
+    type_name: str, device: torch.device | str, dtype: torch.dtype, num_cols: int, num_rows: int
+) -> bool:
+    """True where a weight [num_rows, num_cols] of GGUF type `type_name` can stay in its blocks (or a repacked
+    layout of the same size, `pack_blocks`) for `dtype` inputs on `device` at decode speed (a C kernel reads
+    it); elsewhere the loader expands or repacks it otherwise, as the twin would expand it on every call."""
+    return cpu_blocks.supports(type_name, device, dtype, num_cols, num_rows)
+
+
+# A weight's file blocks -> (the layout the kernel reads, its type name): ggml's 32-value types repacked 16
+# rows at a time ("Q4_0x16", kernels/torch_ref/gguf_repack.py), the K-quants as they are. Once, at load.
+pack_blocks = cpu_blocks.pack
+
+
+def block_rows(blocks: torch.Tensor, type_name: str, ids: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """Rows `ids` of a weight held as `type_name` blocks (packed or not), in the file's layout [len(ids), row
+    bytes], with the file's type name: what an embedding lookup dequantizes."""
+    if type_name.endswith(gguf_repack.SUFFIX):
+        base = gguf_repack.base_name(type_name)
+        return gguf_repack.rows(blocks, base, ids), base
+    return blocks[ids.reshape(-1)], type_name
+
+
+def block_num_rows(blocks: torch.Tensor, type_name: str) -> int:
+    """The weight rows a blocks tensor holds (16 per row of repacked tiles)."""
+    return blocks.shape[0] * (gguf_repack.GROUP if type_name.endswith(gguf_repack.SUFFIX) else 1)
 
 
 # Build the C kernels ahead of the first CPU forward (kernels/cpu/build.py); a no-op once they are cached.

@@ -22,6 +22,7 @@ import torch
 from engine.config import ModelConfig
 from engine.errors import CorruptFileError, ModelLoadError, TensorMismatchError, UnsupportedArchitectureError
 from engine.loading.gguf_file import GGUFFile
+from engine.memory import release_freed_memory, release_mapped_pages
 from engine.models.linear import BlockWeight, QuantizedWeight, SplitWeight
 from kernels import ops
 
@@ -100,7 +101,7 @@ def load_gguf(
         keeps_blocks = (
             quantized == "int4"
             and (packs or hf_name == EMBEDDINGS)
-            and ops.can_keep_blocks(t.tensor_type.name, device, dtype, num_cols)
+            and ops.can_keep_blocks(t.tensor_type.name, device, dtype, num_cols, int(t.shape[1]))
         )
         try:
             tied_head = hf_name == EMBEDDINGS and config.tie_word_embeddings and t.tensor_type.name in _INT8_TYPES
@@ -124,6 +125,8 @@ def load_gguf(
             values = values.map_rows(lambda rows: rows.to(device))
             if config.architecture == ARCHITECTURES["llama"]:
                 values = values.map_rows(lambda rows, name=hf_name: _unpermute_llama_qk(name, rows, config))
+            if isinstance(values, BlockWeight):
+                values = _packed(values, t)
             state_dict[hf_name] = values
         elif hf_name == ROPE_FREQ_FACTORS:
             state_dict[hf_name] = values.to(device=device, dtype=torch.float32)
@@ -427,6 +430,16 @@ def _block_weight(t: Any, dtype: torch.dtype) -> BlockWeight:
     if blocks.shape[1] != expected:
         raise ValueError(f"{blocks.shape[1]} bytes per row, not {expected}")
     return BlockWeight([(blocks, t.tensor_type.name)], num_cols, dtype)
+
+
+def _packed(weight: BlockWeight, t: Any) -> BlockWeight:
+    """`weight` in the layout its kernel reads. Where that is a copy (a repacked type), the file's pages it was
+    read from leave the process's resident memory at once, so the load's peak stays near its end state."""
+    packed = weight.packed()
+    if packed.parts[0][0].data_ptr() != weight.parts[0][0].data_ptr():
+        release_mapped_pages(t.data.ctypes.data, int(t.n_bytes))
+        release_freed_memory()  # the repacking's temporaries (engine/memory.py)
+    return packed
 
 
 def _int8_weight(t: Any, dtype: torch.dtype) -> SplitWeight:

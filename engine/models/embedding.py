@@ -17,8 +17,11 @@ class Embedding(nn.Embedding):
     """`nn.Embedding` (same parameter name and forward) that can swap its table for rows of GGUF blocks."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int):
-        super().__init__(num_embeddings, embedding_dim)
-        self.register_buffer("blocks", None)  # [num_embeddings, row bytes] uint8 after `load_blocks`
+        # An uninitialized table: the loader fills it. nn.Embedding's own random init would, on the meta device
+        # models are built on, go through torch._refs and import torch._dynamo (and triton where installed):
+        # about 140 MiB of resident memory and a second of loading, for nothing.
+        super().__init__(num_embeddings, embedding_dim, _weight=torch.empty(num_embeddings, embedding_dim))
+        self.register_buffer("blocks", None)  # uint8 after `load_blocks`: [num_embeddings, row bytes], or x16 tiles
         self.block_type = ""
         self.block_dtype = torch.float32
 
@@ -41,6 +44,6 @@ class Embedding(nn.Embedding):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.blocks is None:
             return super().forward(input_ids)
-        rows = self.blocks[input_ids.reshape(-1)]  # [num_ids, row bytes]
-        values = ops.dequantize_blocks(rows, self.block_type, self.embedding_dim, self.block_dtype)
+        rows, type_name = ops.block_rows(self.blocks, self.block_type, input_ids.reshape(-1))  # [num_ids, row bytes]
+        values = ops.dequantize_blocks(rows, type_name, self.embedding_dim, self.block_dtype)
         return values.reshape(*input_ids.shape, self.embedding_dim)

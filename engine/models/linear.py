@@ -1,11 +1,12 @@
-"""A linear layer whose weight is a float matrix, packed 4-bit integers with per-group scale and zero, or rows
-of GGUF blocks.
+"""A linear layer whose weight is a float matrix, rows of GGUF blocks, or packed 4-bit integers with per-group
+scale and zero.
 
-Decode on a CPU is memory-bandwidth bound, so reading half a byte per weight instead of two is most of the
-speed there. The 4-bit form comes straight from a GGUF file's Q4_0 / Q4_1 blocks (see `QuantizedWeight`).
-An 8-bit Q8_0 weight becomes two 4-bit planes whose sum is exactly its value (see `SplitWeight`): one byte
-per weight read through the same int4 kernel instead of two bytes of a dequantized bfloat16 matrix. K-quant
-weights (Q4_K, Q6_K) keep the file's own blocks (see `BlockWeight`), read by a kernel for their format.
+Decode on a CPU is memory-bandwidth bound, so reading the file's 4.5 bits per weight instead of a bfloat16's
+16 is most of the speed there. Where a CPU kernel reads a GGUF type (bfloat16 on a CPU: Q4_0 to Q8_0, IQ4_NL,
+Q4_K to Q6_K), the weight keeps the file's blocks, or a repacked layout of the same size (see `BlockWeight`).
+Elsewhere (CUDA, float32, row counts the block kernels do not take) Q4_0 / Q4_1 blocks become torch's 4-bit
+form (see `QuantizedWeight`), and a Q8_0 weight two 4-bit planes whose sum is exactly its value (see
+`SplitWeight`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,6 @@ from torch import nn
 
 from kernels import ops
 
-# Rows of input from which a packed layer with a `float_weight` uses it: measured on the starter's tied head
-# (49152 x 576, bfloat16, 2 cores), the two-plane int4 path took 2.9 ms at 4 rows and 6.0 at 8, dense 5.2 and 5.1.
-FLOAT_FROM_ROWS = 6
 
 
 @dataclass
@@ -131,10 +129,11 @@ class SplitWeight:
 
 @dataclass
 class BlockWeight:
-    """A weight [N, K] as rows of GGUF blocks, in the file's bytes: `parts` are (blocks [n_i, row bytes] uint8,
-    type name) stacked on the output dimension, one per checkpoint tensor a fused weight joins (q, k and v),
-    each a view of the memory-mapped file; their types may differ (llama.cpp's Q4_K_M files give some
-    layers' v projection Q6_K beside Q4_K q and k)."""
+    """A weight [N, K] as rows of GGUF blocks: `parts` are (blocks, type name) stacked on the output dimension,
+    one per checkpoint tensor a fused weight joins (q, k and v); their types may differ (llama.cpp's Q4_K_M
+    files give some layers' v projection Q6_K beside Q4_K q and k). As read, each part is the file's bytes
+    [n_i, row bytes], a view of the memory-mapped file; `packed()` gives each the layout its kernel reads
+    (K-quants as they are, ggml's 32-value types repacked 16 rows at a time: "Q4_0x16", the same size)."""
 
     parts: list[tuple[torch.Tensor, str]]
     num_cols: int
@@ -142,7 +141,7 @@ class BlockWeight:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (sum(b.shape[0] for b, _ in self.parts), self.num_cols)
+        return (sum(ops.block_num_rows(b, t) for b, t in self.parts), self.num_cols)
 
     @property
     def device(self) -> torch.device:
@@ -153,8 +152,12 @@ class BlockWeight:
         return 0
 
     def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> BlockWeight:
-        """`fn` (a device move, or a row reordering of a one-part weight) applied to each part's rows."""
+        """`fn` (a device move, or a row reordering of a one-part weight before packing) applied to each part."""
         return BlockWeight([(fn(b), t) for b, t in self.parts], self.num_cols, self.dtype)
+
+    def packed(self) -> BlockWeight:
+        """Each part in the layout its kernel reads (`ops.pack_blocks`)."""
+        return BlockWeight([ops.pack_blocks(b, t) for b, t in self.parts], self.num_cols, self.dtype)
 
     @staticmethod
     def cat(parts: Sequence[BlockWeight]) -> BlockWeight:
@@ -165,7 +168,10 @@ class BlockWeight:
         return torch.cat([ops.dequantize_blocks(b, t, self.num_cols, self.dtype) for b, t in self.parts])
 
     def is_packable(self) -> bool:
-        return all(ops.can_keep_blocks(t, self.device, self.dtype, self.num_cols) for _, t in self.parts)
+        return all(
+            ops.can_keep_blocks(t, self.device, self.dtype, self.num_cols, ops.block_num_rows(b, t))
+            for b, t in self.parts
+        )
 
 
 class Linear(nn.Module):
@@ -186,9 +192,6 @@ class Linear(nn.Module):
         self.register_buffer("packed_low", None)  # the second plane of a `SplitWeight`
         self.register_buffer("scales_and_zeros_low", None)
         self.block_types: list[str] = []  # a `BlockWeight`'s part types; its parts are buffers blocks0, blocks1, ...
-        # A float copy of a packed weight that exists anyway (the embeddings a packed output head is tied to):
-        # from FLOAT_FROM_ROWS rows of input on, one dense matmul over it beats the int4 kernel's per-row cost.
-        self.float_weight: torch.Tensor | None = None
 
     @property
     def is_quantized(self) -> bool:
@@ -229,20 +232,16 @@ class Linear(nn.Module):
             return out if self.bias is None else out + self.bias
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
-        if self.float_weight is not None and x.numel() >= FLOAT_FROM_ROWS * self.in_features:
-            return F.linear(x, self.float_weight.to(x.dtype), self.bias)
         low = None if self.packed_low is None else (self.packed_low, self.scales_and_zeros_low)
         return ops.linear_int4(x, self.packed, self.scales_and_zeros, self.group_size, self.bias, low)
 
     def tie_to(self, embeddings: torch.Tensor | BlockWeight) -> None:
-        """Make this output head read the embedding matrix: as its weight when float; when the loader gave
-        it a packed form of its own, as `float_weight`, which batches of many rows use instead. Embeddings
-        kept in GGUF blocks are shared as they are (the same buffer, no copy)."""
+        """Make this output head read the embedding matrix: as its weight when float, unless the loader gave
+        it a packed form of its own (used at every row count, so a row's logits never depend on how many rows
+        come with it). Embeddings kept in GGUF blocks are shared as they are (the same buffer, no copy)."""
         if isinstance(embeddings, BlockWeight):
             self.load_blocks(embeddings)
-        elif self.is_quantized:
-            self.float_weight = embeddings
-        else:
+        elif not self.is_quantized:
             self.weight = embeddings
 
     def extra_repr(self) -> str:

@@ -4,7 +4,6 @@
    Q4_K (144 bytes per 256 weights): d, dmin (float16); twelve bytes of 6-bit scale and min for eight
    sub-blocks of 32; 128 bytes of 4-bit q. Weight = d * scale[j] * q - dmin * min[j].
    Q5_K (176 bytes): as Q4_K with 32 bytes of fifth bits before the 4-bit q, q in 0..31.
-   Q8_0 (34 bytes per 32 weights, taken eight blocks at a time here): d (float16), 32 int8 q. Weight = d * q.
    Q6_K (210 bytes per 256 weights): 128 bytes of low nibbles, 64 of high 2-bit pairs, sixteen int8 scales for
    sub-blocks of 16, d (float16). Weight = d * scale[j] * (q - 32), q in 0..63.
 
@@ -25,42 +24,11 @@
 #endif
 
 #include "bf16.h"
+#include "f16.h"
 
-enum { TYPE_Q8_0 = 8, TYPE_Q4_K = 12, TYPE_Q5_K = 13, TYPE_Q6_K = 14 }; /* ggml's type numbers */
-/* bytes per 256 values: one K-quant super-block, or eight Q8_0 blocks of 34 bytes (f16 d, 32 int8) */
-enum { QK = 256, Q8_0_BYTES = 272, Q4K_BYTES = 144, Q5K_BYTES = 176, Q6K_BYTES = 210 };
-
-static inline float f16_to_float(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (mant << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (mant << 13);
-    } else if (mant == 0) {
-        bits = sign;
-    } else { /* subnormal: normalize */
-        exp = 113;
-        while (!(mant & 0x400)) {
-            mant <<= 1;
-            exp--;
-        }
-        bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline float read_f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    return f16_to_float(h);
-#endif
-}
+enum { TYPE_Q4_K = 12, TYPE_Q5_K = 13, TYPE_Q6_K = 14 }; /* ggml's type numbers */
+/* bytes per 256 values: one K-quant super-block (ggml's 32-value block types are block32_matmul.c's) */
+enum { QK = 256, Q4K_BYTES = 144, Q5K_BYTES = 176, Q6K_BYTES = 210 };
 
 #if !(defined(__AVX512VNNI__) && defined(__AVX512BW__)) /* the portable path's decoder */
 /* Q4_K's 6-bit scale and min of sub-block j (0..7) from its twelve packed bytes. */
@@ -76,12 +44,7 @@ static inline void q4k_scale_min(const uint8_t *s, int j, int *scale, int *min) 
 
 /* The 256 weights of one super-block, in float32 exactly as the twin computes them. */
 static void decode_block(int type, const uint8_t *b, float *w) {
-    if (type == TYPE_Q8_0) {
-        for (int i = 0; i < 8; i++) {
-            const float d = read_f16(b + 34 * i);
-            for (int l = 0; l < 32; l++) w[32 * i + l] = d * (float)(int8_t)b[34 * i + 2 + l];
-        }
-    } else if (type == TYPE_Q4_K || type == TYPE_Q5_K) {
+    if (type == TYPE_Q4_K || type == TYPE_Q5_K) {
         const float d = read_f16(b), dmin = read_f16(b + 2);
         const int five = type == TYPE_Q5_K;
         const uint8_t *q = b + (five ? 48 : 16), *qh = b + 16; /* Q5_K: bit j of qh[l] tops value l of sub-block j */
@@ -123,7 +86,6 @@ static int block_bytes(int type) {
     return type == TYPE_Q4_K   ? Q4K_BYTES
            : type == TYPE_Q5_K ? Q5K_BYTES
            : type == TYPE_Q6_K ? Q6K_BYTES
-           : type == TYPE_Q8_0 ? Q8_0_BYTES
                                : 0;
 }
 
@@ -166,7 +128,7 @@ static void quantize_rows(int type, const uint16_t *x, int64_t x_stride, int64_t
             for (int j = 0; j < QK / sub; j++) {
                 int32_t total = 0;
                 for (int i = 0; i < sub; i++) total += xq[sub * j + i];
-                sums[j] = dx * (float)total * (type == TYPE_Q6_K ? 32.0f : type == TYPE_Q8_0 ? 128.0f : 1.0f);
+                sums[j] = dx * (float)total * (type == TYPE_Q6_K ? 32.0f : 1.0f);
             }
             int8_t *dst = q->xq + r * k + b * QK;
             if (type == TYPE_Q4_K || type == TYPE_Q5_K) { /* 64-byte groups: [0..31, 64..95], [32..63, 96..127], +128 */
@@ -286,28 +248,6 @@ static void row_q6k_q8(const uint8_t *w, int64_t blocks, const Quantized *q, int
     }
 }
 
-/* Q8_0: 32 int8 q per f16 d. vpdpbusd wants one unsigned operand, so it multiplies q + 128 (the sign bit
-   flipped) and the 128 * sum of xq per block comes off with the sums; two blocks fill a 64-byte vector. */
-static void row_q8_0_q8(const uint8_t *w, int64_t blocks, const Quantized *q, int64_t first, int64_t rows, int64_t k,
-                        __m512 *acc, __m512 *minus) {
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    for (int64_t b = 0; b < blocks; b++) {
-        const uint8_t *blk = w + b * Q8_0_BYTES;
-        float d[8];
-        for (int i = 0; i < 8; i++) d[i] = read_f16(blk + 34 * i);
-        const __m512 ds = _mm512_maskz_loadu_ps(0xff, d);
-        __m512i v[4];
-        __m512 scale[4];
-        for (int p = 0; p < 4; p++) {
-            const __m256i a = _mm256_loadu_si256((const __m256i *)(blk + 68 * p + 2));
-            const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + 68 * p + 36));
-            v[p] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(a), c, 1), flip);
-            scale[p] = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(d[2 * p]), _mm512_set1_ps(d[2 * p + 1]));
-        }
-        add_rows(v, scale, ds, 0xff, q, first, rows, k, blocks, b, acc, minus);
-    }
-}
-
 static int matmul_q8(int type, const uint16_t *x, int64_t x_stride, const uint8_t *w, uint16_t *out,
                      int64_t out_stride, int64_t rows, int64_t n, int64_t k, int64_t num_threads) {
     const int bytes = block_bytes(type);
@@ -333,8 +273,6 @@ static int matmul_q8(int type, const uint16_t *x, int64_t x_stride, const uint8_
                 for (int64_t r = 0; r < tile; r++) acc[r] = minus[r] = _mm512_setzero_ps();
                 if (type == TYPE_Q6_K)
                     row_q6k_q8(wr, blocks, &q, first, tile, k, acc, minus);
-                else if (type == TYPE_Q8_0)
-                    row_q8_0_q8(wr, blocks, &q, first, tile, k, acc, minus);
                 else
                     row_q45k_q8(wr, blocks, &q, first, tile, k, acc, minus, type == TYPE_Q5_K);
                 for (int64_t r = 0; r < tile; r++)

@@ -39,6 +39,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.torch_ref import gguf_repack
+
 # name -> (values per block, bytes per block), ggml's block structs
 BLOCKS: dict[str, tuple[int, int]] = {
     "Q4_0": (32, 18),
@@ -230,7 +232,11 @@ _DEQUANTIZE = {
 
 
 def dequantize(blocks: torch.Tensor, type_name: str, num_cols: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """blocks [..., row_bytes(type_name, num_cols)] uint8 -> values [..., num_cols] (float32 math, then `dtype`)."""
+    """blocks [..., row_bytes(type_name, num_cols)] uint8 -> values [..., num_cols] (float32 math, then `dtype`).
+    A repacked type ("Q4_0x16", kernels/torch_ref/gguf_repack.py) takes its tiles [N / 16, 16 * row bytes]."""
+    if type_name.endswith(gguf_repack.SUFFIX):
+        type_name = gguf_repack.base_name(type_name)
+        blocks = gguf_repack.unrepack(blocks, type_name)
     size = row_bytes(type_name, num_cols)
     if blocks.dtype != torch.uint8 or blocks.shape[-1] != size:
         raise ValueError(
@@ -250,17 +256,19 @@ def linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Te
     return out.to(x.dtype)
 
 
-def quantize_activations(x: torch.Tensor) -> torch.Tensor:
-    """x [..., K] as the 8-bit K-quant kernel sees it: per 256 values, dx = max|x| / 127 and xq = round(x / dx)
-    (to nearest even), returned as dx * xq in float32."""
-    blocks = x.float().unflatten(-1, (-1, 256))
+def quantize_activations(x: torch.Tensor, group: int = 256) -> torch.Tensor:
+    """x [..., K] as the 8-bit block kernels see it: per `group` values (the weight type's block: 256 for the
+    K-quants, 32 for the others), dx = max|x| / 127 and xq = round(x / dx) (to nearest even), returned as
+    dx * xq in float32."""
+    blocks = x.float().unflatten(-1, (-1, group))
     dx = blocks.abs().amax(-1, keepdim=True) / 127.0
     xq = torch.where(dx > 0, torch.round(blocks / torch.where(dx > 0, dx, 1.0)), 0.0)
     return (xq * dx).flatten(-2)
 
 
 def linear_q8(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`linear` with x quantized as the 8-bit kernel quantizes it: that kernel's twin."""
+    """`linear` with x quantized per block of `type_name` as the 8-bit kernels quantize it: their twin."""
     weight = dequantize(blocks, type_name, x.shape[-1])
-    out = F.linear(quantize_activations(x), weight, None if bias is None else bias.float())
+    xq = quantize_activations(x, BLOCKS[gguf_repack.base_name(type_name)][0])
+    out = F.linear(xq, weight, None if bias is None else bias.float())
     return out.to(x.dtype)

@@ -19,7 +19,7 @@ import torch
 
 from engine import Cache, Model
 from engine.models.batch import Batch
-from kernels.cpu import kquant
+from kernels.cpu import blocks as cpu_blocks
 
 LLAMA = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 PROMPT = [3, 9, 12, 18, 21, 5, 7]
@@ -41,7 +41,7 @@ sys.modules[_SPEC.name] = bench_model  # its dataclasses look their module up th
 _SPEC.loader.exec_module(bench_model)
 
 pytestmark = pytest.mark.skipif(
-    not kquant.supports("Q4_K", "cpu", torch.bfloat16, 256), reason="needs a C compiler for the K-quant kernel"
+    not cpu_blocks.supports("Q4_K", "cpu", torch.bfloat16, 256, 16), reason="needs a C compiler for the block kernels"
 )
 
 
@@ -95,13 +95,16 @@ def test_k_quants_stay_in_their_blocks_and_compute_what_the_expanded_weights_do(
     assert torch.equal(model.embed(ids), expanded.embed(ids))
 
 
-def test_logits_match_the_weights_expanded_at_load(tmp_path, starter_gguf):
-    # A Q4_K_M file with a trained model's weight scale (tools/make_bench_model.py), where activations stay
-    # O(1), so the kernel's 8-bit activations are a small error, not an amplified one as in a random net.
-    path = tmp_path / "tiny-Q4_K_M.gguf"
-    bench_model.write_bench_model(path, "Q4_K_M", num_layers=2, tokenizer_gguf=starter_gguf, **TINY_BENCH)
+@pytest.mark.parametrize(
+    ("kind", "qkv"), [("Q4_K_M", ["Q4_K", "Q4_K", "Q6_K"]), ("Q4_0", ["Q4_0x16"] * 3), ("Q8_0", ["Q8_0x16"] * 3)]
+)
+def test_logits_match_the_weights_expanded_at_load(tmp_path, starter_gguf, kind, qkv):
+    # A file with a trained model's weight scale (tools/make_bench_model.py), where activations stay O(1), so
+    # the kernels' 8-bit activations are a small error, not an amplified one as in a random net.
+    path = tmp_path / f"tiny-{kind}.gguf"
+    bench_model.write_bench_model(path, kind, num_layers=2, tokenizer_gguf=starter_gguf, **TINY_BENCH)
     ours, theirs = Model.load(path), Model.load(path, quantized=None)
-    assert ours.model.layers[1].self_attn.qkv_proj.block_types == ["Q4_K", "Q4_K", "Q6_K"]
+    assert ours.model.layers[1].self_attn.qkv_proj.block_types == qkv
     got, want = logits(ours, PROMPT), logits(theirs, PROMPT)
     torch.testing.assert_close(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())
     # each position's choice is the expanded model's or ties with it within that tolerance
@@ -131,13 +134,18 @@ print(before, status("VmRSS:"), status("VmHWM:"))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
-def test_resident_memory_after_loading_is_about_the_file(gguf_kit):
-    # Three layers of Llama-3.2-1B's shape in Q4_K_M's mix: about 105 MB of blocks, 362 MB expanded to
-    # bfloat16, so a load that expanded them would break the bound below.
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q4_0"])
+def test_resident_memory_after_loading_is_about_the_file(gguf_kit, qtype):
+    # Three layers of Llama-3.2-1B's shape in Q4_K_M's mix, or all Q4_0 (repacked at load: a copy, whose
+    # source pages must leave the process as it goes): about 105 MB of blocks, 362 MB expanded to bfloat16,
+    # so a load that expanded them, or kept both copies, would break the bound below.
     shape = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=3, num_attention_heads=32)
     model = gguf_kit.model("LlamaForCausalLM", tie_word_embeddings=True, **dict(LLAMA, **shape, num_key_value_heads=8))
     raw = {f"blk.{i}.{n}.weight": "Q6_K" for i in (0, 2) for n in ("attn_v", "ffn_down")}
-    written = gguf_kit.write(model, "Q4_K", raw_types={**raw, "token_embd.weight": "Q6_K"})
+    if qtype == "Q4_K":
+        written = gguf_kit.write(model, "Q4_K", raw_types={**raw, "token_embd.weight": "Q6_K"})
+    else:
+        written = gguf_kit.write(model, "Q4_0")
     del model
     file_mib = written.path.stat().st_size / 2**20
     done = subprocess.run(
@@ -162,16 +170,20 @@ def test_q5_k_stays_in_its_blocks(gguf_kit):
     assert torch.isfinite(logits(ours, PROMPT)).all()
 
 
-def test_q8_0_with_whole_256_value_rows_stays_in_its_blocks(gguf_kit):
-    # Rows of 256 values: the kernel reads the file's Q8_0 blocks (a tied head shares the table), instead of
-    # the two 4-bit planes that rows of other lengths (the starter's 576) still become.
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"])
+def test_32_value_block_types_stay_in_their_blocks_repacked(gguf_kit, qtype):
+    # ggml's 32-value types keep their bytes, repacked 16 rows at a time (the same size); rows of any whole
+    # number of blocks (here 256 and 512 values; the starter's 576 in test_int4.py). The tiny vocabulary's odd
+    # size is no whole number of 16-row groups, so its table and tied head take the fallback (expanded, or
+    # torch's int4 form); the starter's tied head shares the table's tiles (test_int4.py).
     model = gguf_kit.model("LlamaForCausalLM", tie_word_embeddings=True, **LLAMA)
-    written = gguf_kit.write(model, "Q8_0")
+    written = gguf_kit.write(model, qtype)  # IQ4_NL: valid random blocks (gguf cannot quantize to it)
     ours = Model.load(written.path)
-    assert ours.model.layers[0].self_attn.qkv_proj.block_types == ["Q8_0"] * 3
-    assert ours.model.layers[0].mlp.down_proj.block_types == ["Q8_0"]  # 512 columns
-    assert ours.model.embed_tokens.block_type == "Q8_0" and ours.lm_head.packed is None
-    assert ours.lm_head.blocks0.data_ptr() == ours.model.embed_tokens.blocks.data_ptr()
+    packed = qtype + "x16"
+    assert ours.model.layers[0].self_attn.qkv_proj.block_types == [packed] * 3
+    assert ours.model.layers[0].mlp.down_proj.block_types == [packed]  # 512 columns
+    assert ours.model.embed_tokens.blocks is None and not ours.lm_head.block_types
+    expanded = Model.load(written.path, quantized=None)
     ids = torch.tensor(PROMPT)
-    assert torch.equal(ours.embed(ids), Model.load(written.path, quantized=None).embed(ids))
-    assert torch.isfinite(logits(ours, PROMPT)).all()
+    assert torch.equal(ours.embed(ids), expanded.embed(ids))
+    assert torch.isfinite(logits(ours, PROMPT)).all()  # closeness: test_logits_match_the_weights_expanded_at_load

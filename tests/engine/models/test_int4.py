@@ -1,5 +1,6 @@
 """GGUF Q4_0 / Q4_1 weights kept packed 4-bit, and Q8_0 weights (projections and the output head, tied or not)
-as two 4-bit planes: same logits and greedy tokens as the dequantized model.
+as two 4-bit planes, where the block kernels do not read them (float32 here): same logits and greedy tokens as
+the dequantized model. In bfloat16 on a CPU the same files keep their blocks (repacked, "Q4_0x16").
 
 Int8 values tried for the split: the extremes -128 and 127, -1, 0, 15, 16, -16 and random ones."""
 
@@ -94,8 +95,8 @@ def test_forced_reference_gives_the_same_logits(tmp_path, monkeypatch):
     torch.testing.assert_close(_logits(packed, PROMPT), fast, rtol=1e-5, atol=1e-4)
 
 
-def test_a_batched_bfloat16_decode_step_through_the_c_kernel_matches_torchs_int4_kernel(tmp_path, monkeypatch):
-    from kernels.cpu import int4 as cpu_int4
+def test_a_batched_bfloat16_decode_step_through_the_block_kernel_matches_the_twins(tmp_path, monkeypatch):
+    from kernels.cpu import blocks as cpu_blocks
 
     model = Model.load(_write(tmp_path, "LlamaForCausalLM", "Q4_1"), dtype=torch.bfloat16)
     cache = Cache(model, max_seq_len=128, page_size=16)
@@ -105,13 +106,13 @@ def test_a_batched_bfloat16_decode_step_through_the_c_kernel_matches_torchs_int4
         model(torch.arange(1, n + 1) % 20, batch.positions(), batch)
     step = Batch.build(cache, tables, lengths, [1] * 4)  # one new token each, as a decode step
     calls = []
-    kernel = cpu_int4._kernel
-    monkeypatch.setattr(cpu_int4, "_kernel", lambda: calls.append(1) or kernel())
+    matmul = cpu_blocks._matmul
+    monkeypatch.setattr(cpu_blocks, "_matmul", lambda source: calls.append(source) or matmul(source))
     ours = model(torch.tensor([3, 9, 12, 18]), step.positions(), step).float()
-    if kernel() is None:
-        pytest.skip("no C compiler or no AVX512-BF16: the C kernel is not built here")
-    assert calls, "the decode step did not reach the C kernel"
-    monkeypatch.setattr(cpu_int4, "_kernel", lambda: None)
+    if matmul("block32_matmul") is None:
+        pytest.skip("no C compiler: the block kernel is not built here")
+    assert "block32_matmul" in calls, "the decode step did not reach the block kernel"
+    monkeypatch.setattr(dispatch, "_force_reference", True)  # every op on its torch twin
     theirs = model(torch.tensor([3, 9, 12, 18]), step.positions(), step).float()
     atol = 0.05 * theirs.abs().max().item()
     torch.testing.assert_close(ours, theirs, rtol=0.05, atol=atol)
@@ -121,12 +122,15 @@ def test_a_batched_bfloat16_decode_step_through_the_c_kernel_matches_torchs_int4
     assert torch.all(chosen >= theirs.amax(-1) - atol)
 
 
-def test_bfloat16_on_cpu_packs_by_default_and_float32_does_not(tmp_path):
+def test_bfloat16_on_cpu_keeps_blocks_by_default_and_float32_packs_int4_only_when_asked(tmp_path):
     path = _write(tmp_path, "LlamaForCausalLM", "Q4_0")
     assert all(m.is_quantized for m in _projections(Model.load(path, dtype=torch.bfloat16)))
     assert not any(m.is_quantized for m in _projections(Model.load(path, dtype=torch.float32)))
     bf16 = Model.load(path, dtype=torch.bfloat16)
-    assert bf16.model.layers[0].mlp.down_proj.scales_and_zeros.dtype == torch.bfloat16
+    if ops.can_keep_blocks("Q4_0", "cpu", torch.bfloat16, 64, 96):
+        assert bf16.model.layers[0].mlp.down_proj.block_types == ["Q4_0x16"]  # the block kernel's layout
+    else:  # no C compiler: torch's int4 form
+        assert bf16.model.layers[0].mlp.down_proj.scales_and_zeros.dtype == torch.bfloat16
     assert not any(m.is_quantized for m in _projections(Model.load(path, dtype=torch.bfloat16, quantized=None)))
 
 
@@ -224,19 +228,15 @@ def test_mixed_quant_types_in_one_fused_projection_fall_back_to_float(tmp_path):
     torch.testing.assert_close(_logits(model, PROMPT), _logits(reference, PROMPT), rtol=1e-5, atol=1e-4)
 
 
-def test_a_packed_tied_head_uses_the_embeddings_for_many_rows(starter_gguf):
-    from engine.models.linear import FLOAT_FROM_ROWS
-
+def test_the_starters_tied_head_shares_the_tables_blocks_and_computes_rows_alone(starter_gguf):
+    # The head reads the embedding table's repacked Q8_0 blocks at every row count: no float copy to switch to
+    # for many rows, so a row's logits are the same whatever rows come with it (batch invariance).
     model = Model.load(starter_gguf, dtype=torch.bfloat16)
-    head, embeddings = model.lm_head, model.model.embed_tokens.weight
-    assert head.packed_low is not None and head.float_weight is embeddings  # shared, not a copy
-    g = torch.Generator().manual_seed(0)
-    few = torch.randn(FLOAT_FROM_ROWS - 1, 576, generator=g).bfloat16()
-    many = torch.randn(FLOAT_FROM_ROWS, 576, generator=g).bfloat16()
-    assert torch.equal(head(many), torch.nn.functional.linear(many, embeddings))
-    planes = ops.linear_int4(
-        few, head.packed, head.scales_and_zeros, 32, low=(head.packed_low, head.scales_and_zeros_low)
-    )
-    assert torch.equal(head(few), planes)
-    exact = torch.nn.functional.linear(few.float(), embeddings.float())
-    torch.testing.assert_close(head(few).float(), exact, rtol=0.02, atol=0.15)  # two bf16 roundings of |x| ~ 16
+    if not ops.can_keep_blocks("Q8_0", "cpu", torch.bfloat16, 576, 49152):
+        pytest.skip("no C compiler: the block kernel is not built here")
+    head, embeddings = model.lm_head, model.model.embed_tokens
+    assert head.block_types == ["Q8_0x16"] and head.blocks0.data_ptr() == embeddings.blocks.data_ptr()
+    x = torch.randn(40, 576, generator=torch.Generator().manual_seed(0)).bfloat16()
+    together = head(x)
+    for rows in ((0, 1), (5, 11), (39, 40)):
+        assert torch.equal(head(x[rows[0] : rows[1]]), together[rows[0] : rows[1]])

@@ -1,0 +1,144 @@
+"""Linear layers over GGUF blocks for bfloat16 x, through the C kernels: kquant_matmul.c for the K-quants
+(Q4_K, Q5_K, Q6_K: super-blocks of 256 values, read in the file's own layout), block32_matmul.c for ggml's
+32-value types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), repacked at load 16 rows at a time (`pack`; the layout
+is kernels/torch_ref/gguf_repack.py's, named by the type with "x16" after it, the same size as the file's).
+
+On CPUs with AVX512-VNNI both quantize x to 8 bits per block of the weight's type (256 or 32 values) and sum
+integer products, as llama.cpp does (2.1x faster than bfloat16 dot products on the same weights,
+kquant_matmul.c says how it was measured); elsewhere they multiply bfloat16 x as it is.
+
+Every row count (decode steps, speculative steps, prompts) goes through the kernel, and each row's result is
+independent of the others. Anything else (another type, float32 x, CUDA, no compiler) returns None and the
+next candidate runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import NamedTuple
+
+import torch
+
+from kernels.cpu import build
+from kernels.torch_ref import gguf_repack
+
+
+class _Type(NamedTuple):
+    source: str  # the C file (without .c) whose kernel reads it
+    number: int  # ggml's type number, as the C files name it
+    values: int  # values per block: x goes through the kernel in groups of this many
+    bytes: int  # bytes per block
+    group: int = 1  # weight rows per row of the blocks tensor: 16 in the repacked layout
+
+
+# the layouts the kernels read: file types, or their repacked forms
+TYPES = {
+    "Q4_0x16": _Type("block32_matmul", 2, 32, 18, 16),
+    "Q4_1x16": _Type("block32_matmul", 3, 32, 20, 16),
+    "Q5_0x16": _Type("block32_matmul", 6, 32, 22, 16),
+    "Q5_1x16": _Type("block32_matmul", 7, 32, 24, 16),
+    "Q8_0x16": _Type("block32_matmul", 8, 32, 34, 16),
+    "IQ4_NLx16": _Type("block32_matmul", 20, 32, 18, 16),
+    "Q4_K": _Type("kquant_matmul", 12, 256, 144),
+    "Q5_K": _Type("kquant_matmul", 13, 256, 176),
+    "Q6_K": _Type("kquant_matmul", 14, 256, 210),
+}
+# No dense path for prompts: with weight rows taken in L2-sized chunks the kernel beat expanding the weight
+# to bfloat16 and one dense matmul at every size measured ([8192, 2048] Q4_K, 2 cores: 16.1 against 25.7 ms
+# at 128 rows, 69 against 92 at 512, 228 against 322 at 1682), and every row stays independent of the others.
+
+_i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+
+
+def _matmul(source: str):
+    # type, x, x stride, blocks, out, out stride, rows, n, k, threads
+    args = (_int, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64)
+    return build.function(source, source, args, ctypes.c_int)
+
+
+def path(type_name: str) -> int:
+    """The path the compiled kernel for `type_name` takes on this CPU: 2 the 8-bit one (x quantized per block,
+    AVX512-VNNI; twin `gguf_blocks.linear_q8`), 0 the portable loop (twin `gguf_blocks.linear`); -1 where there
+    is no kernel."""
+    source = TYPES[type_name].source
+    fn = build.function(source, source.replace("_matmul", "_path"), (), ctypes.c_int)
+    return -1 if fn is None else fn()
+
+
+def kernel_type(type_name: str) -> str:
+    """The layout a kernel reads a file's `type_name` in: the type itself, or its repacked form."""
+    return type_name if type_name in TYPES else gguf_repack.repacked_name(type_name)
+
+
+def supports(type_name: str, device: torch.device | str, dtype: torch.dtype, num_cols: int, num_rows: int) -> bool:
+    """True where a weight [num_rows, num_cols] of the file's `type_name` on `device` can stay in its blocks (or
+    their repacked form) and run through a kernel: rows of whole blocks (multiples of 32 values, 256 for the
+    K-quants); for the repacked types, rows in whole groups of 16."""
+    kind = TYPES.get(kernel_type(type_name))
+    if kind is None or type_name not in TYPES and not gguf_repack.can_repack(type_name, num_rows):
+        return False
+    return (
+        num_cols % kind.values == 0
+        and num_cols > 0
+        and torch.device(device).type == "cpu"
+        and dtype == torch.bfloat16
+        and _matmul(kind.source) is not None
+    )
+
+
+def pack(blocks: torch.Tensor, type_name: str) -> tuple[torch.Tensor, str]:
+    """A weight's file blocks [N, row bytes] in the layout the kernel reads, with that layout's type name
+    (a new tensor of the same size for the repacked types; the same tensor for the K-quants)."""
+    if type_name in TYPES:
+        return blocks, type_name
+    return gguf_repack.repack(blocks, type_name), gguf_repack.repacked_name(type_name)
+
+
+def linear(
+    x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    if x.device.type != "cpu" or x.dtype != torch.bfloat16 or x.dim() < 1:
+        return None
+    num_cols = x.shape[-1]
+    if not _blocks_ok(blocks, type_name, num_cols):
+        return None
+    if bias is not None and (bias.dtype != x.dtype or bias.device.type != "cpu"):
+        return None
+    rows = x.reshape(-1, num_cols)
+    kind = TYPES[type_name]
+    fn = _matmul(kind.source)
+    if fn is None or rows.shape[0] == 0:
+        return None
+    rows = rows.contiguous()
+    num_rows = blocks.shape[0] * kind.group
+    out = torch.empty(rows.shape[0], num_rows, dtype=x.dtype)
+    status = fn(
+        kind.number,
+        rows.data_ptr(),
+        rows.stride(0),
+        blocks.data_ptr(),
+        out.data_ptr(),
+        out.stride(0),
+        rows.shape[0],
+        num_rows,
+        num_cols,
+        torch.get_num_threads(),
+    )
+    if status != 0:
+        return None
+    out = out.reshape(*x.shape[:-1], num_rows)
+    return out if bias is None else out + bias
+
+
+def _blocks_ok(blocks: torch.Tensor, type_name: str, num_cols: int) -> bool:
+    kind = TYPES.get(type_name)
+    return (
+        kind is not None
+        and blocks.device.type == "cpu"
+        and blocks.dtype == torch.uint8
+        and blocks.dim() == 2
+        and blocks.is_contiguous()
+        and num_cols > 0
+        and num_cols % kind.values == 0
+        and blocks.shape[1] == num_cols // kind.values * kind.bytes * kind.group
+    )
