@@ -32,6 +32,7 @@
 
 #include "bf16.h"
 #include "f16.h"
+#include "prefetch.h"
 
 enum { TYPE_Q4_0 = 2, TYPE_Q4_1 = 3, TYPE_Q5_0 = 6, TYPE_Q5_1 = 7, TYPE_Q8_0 = 8, TYPE_IQ4_NL = 20 }; /* ggml's */
 enum { QB = 32, GROUP = 16 };
@@ -110,6 +111,8 @@ static inline __attribute__((always_inline)) void group_q8(const int type, const
     const int64_t tile_bytes = (int64_t)GROUP * l.block_bytes;
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *t = tiles + b * tile_bytes, *qs = t + qs_offset(l);
+        /* see PREFETCH_BYTES; prefetches past the end never fault */
+        for (int64_t line = 0; line < tile_bytes; line += 64) _mm_prefetch((const char *)t + PREFETCH_BYTES + line, _MM_HINT_T0);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)t));
         __m512 c; /* w = d * u + c */
         if (l.has_min)

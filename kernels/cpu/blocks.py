@@ -1,7 +1,7 @@
 """Linear layers over GGUF blocks for bfloat16 x, through the C kernels: kquant_matmul.c for the K-quants
-(Q4_K, Q5_K, Q6_K: super-blocks of 256 values, read in the file's own layout), block32_matmul.c for ggml's
-32-value types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), repacked at load 16 rows at a time (`pack`; the layout
-is kernels/torch_ref/gguf_repack.py's, named by the type with "x16" after it, the same size as the file's).
+(Q4_K, Q5_K, Q6_K: super-blocks of 256 values), block32_matmul.c for ggml's 32-value types (Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0, IQ4_NL). Both read weights repacked at load 16 rows at a time (`pack`; the layout is
+kernels/torch_ref/gguf_repack.py's, named by the type with "x16" after it, the same size as the file's).
 
 On CPUs with AVX512-VNNI both quantize x to 8 bits per block of the weight's type (256 or 32 values) and sum
 integer products, as llama.cpp does (2.1x faster than bfloat16 dot products on the same weights,
@@ -39,13 +39,13 @@ TYPES = {
     "Q5_1x16": _Type("block32_matmul", 7, 32, 24, 16),
     "Q8_0x16": _Type("block32_matmul", 8, 32, 34, 16),
     "IQ4_NLx16": _Type("block32_matmul", 20, 32, 18, 16),
-    "Q4_K": _Type("kquant_matmul", 12, 256, 144),
-    "Q5_K": _Type("kquant_matmul", 13, 256, 176),
-    "Q6_K": _Type("kquant_matmul", 14, 256, 210),
+    "Q4_Kx16": _Type("kquant_matmul", 12, 256, 144, 16),
+    "Q5_Kx16": _Type("kquant_matmul", 13, 256, 176, 16),
+    "Q6_Kx16": _Type("kquant_matmul", 14, 256, 210, 16),
 }
-# No dense path for prompts: with weight rows taken in L2-sized chunks the kernel beat expanding the weight
-# to bfloat16 and one dense matmul at every size measured ([8192, 2048] Q4_K, 2 cores: 16.1 against 25.7 ms
-# at 128 rows, 69 against 92 at 512, 228 against 322 at 1682), and every row stays independent of the others.
+# No dense path for prompts: the kernels beat expanding the weight to bfloat16 and one dense matmul at every
+# size measured (kquant_matmul.c and block32_matmul.c give the figures), and every row stays independent of
+# the others.
 
 _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 
@@ -66,19 +66,20 @@ def path(type_name: str) -> int:
 
 
 def kernel_type(type_name: str) -> str:
-    """The layout a kernel reads a file's `type_name` in: the type itself, or its repacked form."""
+    """The layout a kernel reads a file's `type_name` in: its repacked form ("Q4_K" -> "Q4_Kx16")."""
     return type_name if type_name in TYPES else gguf_repack.repacked_name(type_name)
 
 
 def supports(type_name: str, device: torch.device | str, dtype: torch.dtype, num_cols: int, num_rows: int) -> bool:
-    """True where a weight [num_rows, num_cols] of the file's `type_name` on `device` can stay in its blocks (or
-    their repacked form) and run through a kernel: rows of whole blocks (multiples of 32 values, 256 for the
-    K-quants); for the repacked types, rows in whole groups of 16."""
+    """True where a weight [num_rows, num_cols] of `type_name` (the file's, or its repacked form) on `device` can
+    run through a kernel: rows of whole blocks (multiples of 32 values, 256 for the K-quants) in whole groups
+    of 16."""
     kind = TYPES.get(kernel_type(type_name))
-    if kind is None or type_name not in TYPES and not gguf_repack.can_repack(type_name, num_rows):
-        return False
     return (
-        num_cols % kind.values == 0
+        kind is not None
+        and num_rows % gguf_repack.GROUP == 0
+        and num_rows > 0
+        and num_cols % kind.values == 0
         and num_cols > 0
         and torch.device(device).type == "cpu"
         and dtype == torch.bfloat16
@@ -87,8 +88,8 @@ def supports(type_name: str, device: torch.device | str, dtype: torch.dtype, num
 
 
 def pack(blocks: torch.Tensor, type_name: str) -> tuple[torch.Tensor, str]:
-    """A weight's file blocks [N, row bytes] in the layout the kernel reads, with that layout's type name
-    (a new tensor of the same size for the repacked types; the same tensor for the K-quants)."""
+    """A weight's file blocks [N, row bytes] in the layout the kernel reads (a new tensor of the same size),
+    with that layout's type name; blocks already repacked as they are."""
     if type_name in TYPES:
         return blocks, type_name
     return gguf_repack.repack(blocks, type_name), gguf_repack.repacked_name(type_name)

@@ -1,112 +1,70 @@
-/* bfloat16 x [rows, k] times a GGUF K-quant weight [n, k] (transposed), read in its own block format: the
-   weight is never expanded in memory, so a decode step reads the file's bytes and no more.
+/* bfloat16 x [rows, k] times a GGUF K-quant weight [n, k] (transposed): Q4_K and Q6_K (llama.cpp's Q4_K_M mix)
+   and Q5_K, in super-blocks of 256 values. k may be any multiple of 256, n any multiple of 16.
 
-   Q4_K (144 bytes per 256 weights): d, dmin (float16); twelve bytes of 6-bit scale and min for eight
-   sub-blocks of 32; 128 bytes of 4-bit q. Weight = d * scale[j] * q - dmin * min[j].
-   Q5_K (176 bytes): as Q4_K with 32 bytes of fifth bits before the 4-bit q, q in 0..31.
-   Q6_K (210 bytes per 256 weights): 128 bytes of low nibbles, 64 of high 2-bit pairs, sixteen int8 scales for
-   sub-blocks of 16, d (float16). Weight = d * scale[j] * (q - 32), q in 0..63.
+   The weight comes repacked 16 rows at a time ("x16", kernels/torch_ref/gguf_repack.py has the layout, the
+   same size as the file's): per group of 16 rows and super-block column, each field of the 16 blocks
+   interleaved, so one 64-byte load holds four values (a quad) of each of the 16 rows and each vector lane
+   stands for one output row: no horizontal sums, and 16 rows' scales unpack with lane-wise operations.
 
-   With AVX512-VNNI, x is quantized to 8 bits and q . xq summed in int32 (see "The 8-bit path" below). A first
-   version multiplied exact bfloat16 x with q made bfloat16 by a table lookup (AVX512-BF16 dot products): on a
-   [8192, 2048] Q4_K weight and one row it took 0.92 ms against the 8-bit path's 0.44 (2.1x; 2.3x at 16
-   rows), since unpacking nibbles to 16-bit words cost more than the products, so only the 8-bit path stayed.
-   Elsewhere a plain C loop multiplies the weights, decoded to float32, with x as it is.
+   Q4_K (144 B): d, dmin (f16); 12 bytes of 6-bit scale and min for eight sub-blocks of 32; 128 B of nibbles
+   (byte 32c + l: value 64c + l low, 64c + 32 + l high). w = d * scale[j] * q - dmin * min[j].
+   Q5_K (176 B): as Q4_K with 32 B of fifth bits (bit j of byte l: value l of sub-block j), q in 0..31.
+   Q6_K (210 B): 128 B of low nibbles, 64 B of high 2-bit pairs, 16 int8 scales for sub-blocks of 16, d.
+   w = d * scale[j] * (q - 32), q in 0..63.
+
+   The 8-bit path (AVX512-VNNI, as llama.cpp does for these types): each row of x is quantized to int8 per 256
+   values (dx = max|x| / 127, xq = round(x / dx), to nearest even); each vpdpbusd sums a quad of q times
+   the quad of xq (broadcast) for 16 weight rows; a sub-block's int32 sums become float once, times
+   d * scale * dx. Q4_K's mins and Q6_K's -32 come in from each sub-block's sum of xq. A first version
+   multiplied exact bfloat16 x with q made bfloat16 (AVX512-BF16 dot products): 2.1x slower on a [8192, 2048]
+   Q4_K weight, since unpacking nibbles to 16-bit words cost more than the products. Then the 8-bit path read
+   the file's own layout row by row, with a horizontal sum per output; the x16 layout took one row of a
+   [8192, 2048] Q4_K weight (cache-warm) from 0.21 to 0.12 ms, 512 rows from 35 to 22.5 ms (dense bfloat16:
+   18.5), and one row of a [49152, 2048] one (past the L3) from 1.5 to 0.64 ms (AMD EPYC, 2 threads). kernels/torch_ref/gguf_blocks.py's linear_q8 is its twin.
+   Elsewhere a plain C loop multiplies the weights, decoded to float32, with x as it is (twin: linear).
 
    Each output depends only on its row of x and its row of the weight, in an order fixed by k: a row's result
-   is the same whatever rows come with it. Returns -1 for a type it does not know. */
+   is the same whatever rows come with it. Returns -1 for a type or shape it does not take. */
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__F16C__) || defined(__AVX512F__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 #include "bf16.h"
 #include "f16.h"
+#include "prefetch.h"
 
 enum { TYPE_Q4_K = 12, TYPE_Q5_K = 13, TYPE_Q6_K = 14 }; /* ggml's type numbers */
-/* bytes per 256 values: one K-quant super-block (ggml's 32-value block types are block32_matmul.c's) */
-enum { QK = 256, Q4K_BYTES = 144, Q5K_BYTES = 176, Q6K_BYTES = 210 };
-
-#if !(defined(__AVX512VNNI__) && defined(__AVX512BW__)) /* the portable path's decoder */
-/* Q4_K's 6-bit scale and min of sub-block j (0..7) from its twelve packed bytes. */
-static inline void q4k_scale_min(const uint8_t *s, int j, int *scale, int *min) {
-    if (j < 4) {
-        *scale = s[j] & 63;
-        *min = s[j + 4] & 63;
-    } else {
-        *scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-        *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
-/* The 256 weights of one super-block, in float32 exactly as the twin computes them. */
-static void decode_block(int type, const uint8_t *b, float *w) {
-    if (type == TYPE_Q4_K || type == TYPE_Q5_K) {
-        const float d = read_f16(b), dmin = read_f16(b + 2);
-        const int five = type == TYPE_Q5_K;
-        const uint8_t *q = b + (five ? 48 : 16), *qh = b + 16; /* Q5_K: bit j of qh[l] tops value l of sub-block j */
-        for (int c = 0; c < 4; c++) {
-            int sa, ma, sb, mb;
-            q4k_scale_min(b + 4, 2 * c, &sa, &ma);
-            q4k_scale_min(b + 4, 2 * c + 1, &sb, &mb);
-            const float da = d * sa, mina = dmin * ma, db = d * sb, minb = dmin * mb;
-            for (int l = 0; l < 32; l++) {
-                const int ha = five ? ((qh[l] >> (2 * c)) & 1) << 4 : 0, hb = five ? ((qh[l] >> (2 * c + 1)) & 1) << 4 : 0;
-                w[64 * c + l] = da * ((q[32 * c + l] & 15) + ha) - mina;
-                w[64 * c + 32 + l] = db * ((q[32 * c + l] >> 4) + hb) - minb;
-            }
-        }
-    } else {
-        const uint8_t *ql = b, *qh = b + 128;
-        const int8_t *sc = (const int8_t *)(b + 192);
-        const float d = read_f16(b + 208);
-        /* half h, quarter t: values 128 h + 32 t + l, low 4 bits from ql (the nibble t / 2 of byte l, or of
-           byte l + 32 for odd t), high 2 bits from bits 2 t of qh; one scale per 16 values */
-        for (int h = 0; h < 2; h++) {
-            for (int t = 0; t < 4; t++) {
-                const uint8_t *lo = ql + 64 * h + (t & 1) * 32, *hi = qh + 32 * h;
-                const int lo_shift = t >= 2 ? 4 : 0, hi_shift = 2 * t;
-                for (int i = 0; i < 2; i++) {
-                    const float scale = d * sc[8 * h + 2 * t + i];
-                    for (int l = 16 * i; l < 16 * i + 16; l++) {
-                        const int q = ((lo[l] >> lo_shift) & 15) | (((hi[l] >> hi_shift) & 3) << 4);
-                        w[128 * h + 32 * t + l] = scale * (float)(q - 32);
-                    }
-                }
-            }
-        }
-    }
-}
-#endif
+enum { QK = 256, GROUP = 16 };
 
 static int block_bytes(int type) {
-    return type == TYPE_Q4_K   ? Q4K_BYTES
-           : type == TYPE_Q5_K ? Q5K_BYTES
-           : type == TYPE_Q6_K ? Q6K_BYTES
-                               : 0;
+    return type == TYPE_Q4_K ? 144 : type == TYPE_Q5_K ? 176 : type == TYPE_Q6_K ? 210 : 0;
 }
 
-#define MAX_ROWS 16
-#define W_CHUNK 32
+/* Where each field of a tile starts (see gguf_repack.py's LAYOUTS). */
+enum {
+    QKT_D = 0, QKT_DMIN = 32, QKT_SCALES = 64, QKT_MASKS = 256, /* Q4_K and Q5_K */
+    Q6T_D = 0, Q6T_SCALES = 32, Q6T_QL = 288, Q6T_QH = 2336,
+};
+static inline int qk_qs(int type) { return type == TYPE_Q5_K ? 768 : 256; }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-/* The 8-bit path (CPUs with AVX512-VNNI): each row of x is quantized to int8 per 256 values (scale
-   dx = max|x| / 127, xq = round(x / dx)), and q . xq is summed exactly in int32 by vpdpbusd, 64 products per
-   instruction; unpacking q is two or three byte operations per 64 values. A sub-block's int32 sums become
-   float once, times d * scale; Q4_K's min term and Q6_K's -32 use each sub-block's sum of dx * xq.
-   kernels/torch_ref/gguf_blocks.py's linear_q8 is its twin. */
+
+#define MAX_ROWS 8     /* rows of x sharing one unpacked tile */
+#define CHUNK_GROUPS 4 /* groups of 16 weight rows a tile of x passes over while they sit in L2 */
 
 typedef struct {
-    int8_t *xq;  /* [rows, k]: Q6_K in natural order; Q4_K/Q5_K per block in the order their nibbles unpack */
+    int8_t *xq;  /* [rows, k] */
     float *dx;   /* [rows, blocks] */
-    float *sums; /* [rows, blocks, 16]: dx * sum of xq per sub-block (Q4_K/Q5_K: 8 of 32, Q6_K: 16 of 16), Q6_K's x 32 */
+    int32_t *xs; /* [rows, blocks, 16]: sum of xq per sub-block (Q4_K/Q5_K: 8 of 32, Q6_K: 16 of 16) */
 } Quantized;
 
 static void quantize_rows(int type, const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k, Quantized *q) {
     const int64_t blocks = k / QK;
+    const int sub = type == TYPE_Q6_K ? 16 : 32;
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t b = 0; b < blocks; b++) {
             const uint16_t *xb = x + r * x_stride + b * QK;
@@ -117,172 +75,212 @@ static void quantize_rows(int type, const uint16_t *x, int64_t x_stride, int64_t
                 amax = a > amax ? a : amax;
             }
             const float dx = amax / 127.0f;
-            int8_t xq[QK];
+            int8_t *xq = q->xq + r * k + b * QK;
             for (int i = 0; i < QK; i += 16) {
                 const __m512i rounded = dx > 0.0f ? _mm512_cvtps_epi32(_mm512_div_ps(_mm512_loadu_ps(v + i), _mm512_set1_ps(dx)))
                                                   : _mm512_setzero_si512(); /* round to nearest even */
                 _mm_storeu_si128((__m128i *)(xq + i), _mm512_cvtsepi32_epi8(rounded));
             }
-            float *sums = q->sums + (r * blocks + b) * 16;
-            const int sub = type == TYPE_Q6_K ? 16 : 32;
+            int32_t *xs = q->xs + (r * blocks + b) * 16;
             for (int j = 0; j < QK / sub; j++) {
                 int32_t total = 0;
                 for (int i = 0; i < sub; i++) total += xq[sub * j + i];
-                sums[j] = dx * (float)total * (type == TYPE_Q6_K ? 32.0f : 1.0f);
-            }
-            int8_t *dst = q->xq + r * k + b * QK;
-            if (type == TYPE_Q4_K || type == TYPE_Q5_K) { /* 64-byte groups: [0..31, 64..95], [32..63, 96..127], +128 */
-                for (int p = 0; p < 2; p++) {
-                    memcpy(dst + 128 * p, xq + 128 * p, 32);
-                    memcpy(dst + 128 * p + 32, xq + 128 * p + 64, 32);
-                    memcpy(dst + 128 * p + 64, xq + 128 * p + 32, 32);
-                    memcpy(dst + 128 * p + 96, xq + 128 * p + 96, 32);
-                }
-            } else {
-                memcpy(dst, xq, QK);
+                xs[j] = total;
             }
             q->dx[r * blocks + b] = dx;
         }
     }
 }
 
-static inline __m512 dot_f(__m512i q, const int8_t *xq) {
-    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(xq)));
+static inline __m512i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
 }
 
-/* For rows first .. first + rows - 1 of x against super-block b, whose 256 unpacked q are v[0..3] (64 bytes each,
-   in the order quantize_rows laid xq out) with per-lane scales scale[0..3]: acc += dx * sum of scale * (q . xq),
-   minus += sub_scales * (the row's per-sub-block sums), over the `lanes` of sums the type has. */
-static inline void add_rows(const __m512i *v, const __m512 *scale, __m512 sub_scales, __mmask16 lanes,
-                            const Quantized *q, int64_t first, int64_t rows, int64_t k, int64_t blocks, int64_t b,
-                            __m512 *acc, __m512 *minus) {
-    for (int64_t r = 0; r < rows; r++) {
-        const int8_t *xq = q->xq + (first + r) * k + b * QK;
-        const __m512 t01 = _mm512_fmadd_ps(scale[1], dot_f(v[1], xq + 64), _mm512_mul_ps(scale[0], dot_f(v[0], xq)));
-        const __m512 t23 =
-            _mm512_fmadd_ps(scale[3], dot_f(v[3], xq + 192), _mm512_mul_ps(scale[2], dot_f(v[2], xq + 128)));
-        const int64_t rb = (first + r) * blocks + b;
-        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q->dx[rb]), _mm512_add_ps(t01, t23), acc[r]);
-        minus[r] = _mm512_fmadd_ps(sub_scales, _mm512_maskz_loadu_ps(lanes, q->sums + rb * 16), minus[r]);
-    }
+/* Byte `i` (0..3) of each 32-bit lane, as float. */
+static inline __m512 lane_byte(__m512i v, int i) {
+    return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(0xff)));
 }
 
-/* Q4_K, or Q5_K (`five`): the same scales and nibbles, plus a fifth bit per value from 32 bytes of qh (bit j of
-   byte l belongs to value l of sub-block j), shifted into place per 64-byte group. */
-static void row_q45k_q8(const uint8_t *w, int64_t blocks, const Quantized *q, int64_t first, int64_t rows, int64_t k,
-                        __m512 *acc, __m512 *minus, int five) {
-    const __m512i low4 = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
-    const int bytes = five ? Q5K_BYTES : Q4K_BYTES, qs = five ? 48 : 16;
-    /* sub-blocks of each unpacked group's two halves (0 and 2, 1 and 3, 4 and 6, 5 and 7): qh's bit to take */
-    const __m512i shift[4] = {
-        _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1),
-        _mm512_inserti64x4(_mm512_set1_epi16(1), _mm256_set1_epi16(3), 1),
-        _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1),
-        _mm512_inserti64x4(_mm512_set1_epi16(5), _mm256_set1_epi16(7), 1),
-    };
-    const __m512i pick[4] = {
-        _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0),
-        _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
-        _mm512_set_epi32(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4),
-        _mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 5, 5, 5, 5, 5, 5, 5, 5),
-    };
-    for (int64_t b = 0; b < blocks; b++) {
-        const uint8_t *blk = w + b * bytes;
-        const float d = read_f16(blk), dmin = read_f16(blk + 2);
-        uint32_t packed[3], unpacked[4];
-        memcpy(packed, blk + 4, 12);
-        unpacked[0] = packed[0] & 0x3f3f3f3fu;
-        unpacked[1] = (packed[2] & 0x0f0f0f0fu) | (((packed[0] >> 6) & 0x03030303u) << 4);
-        unpacked[2] = packed[1] & 0x3f3f3f3fu;
-        unpacked[3] = ((packed[2] >> 4) & 0x0f0f0f0fu) | (((packed[1] >> 6) & 0x03030303u) << 4);
-        const __m512 scales = _mm512_mul_ps(
-            _mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)unpacked))));
-        const __m512 mins = _mm512_maskz_mul_ps(
-            0xff, _mm512_set1_ps(dmin),
-            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(unpacked + 2)))));
-        __m512 scale[4];
-        for (int i = 0; i < 4; i++) scale[i] = _mm512_permutexvar_ps(pick[i], scales);
-        const __m512i q0 = _mm512_loadu_si512(blk + qs), q1 = _mm512_loadu_si512(blk + qs + 64);
-        __m512i nib[4] = {
-            _mm512_and_si512(q0, low4),
-            _mm512_and_si512(_mm512_srli_epi16(q0, 4), low4),
-            _mm512_and_si512(q1, low4),
-            _mm512_and_si512(_mm512_srli_epi16(q1, 4), low4),
-        };
-        if (five) { /* a 16-bit shift by s then & 1 takes bit s of each byte */
-            const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)));
-            for (int i = 0; i < 4; i++)
-                nib[i] = _mm512_or_si512(
-                    nib[i], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift[i]), one), 4));
+/* Q4_K or Q5_K (`five`): one tile against rows first .. first + rows - 1 of x; acc[r] lane i += output row i. */
+static inline __attribute__((always_inline)) void tile_q45k(const int five, const uint8_t *t, int64_t b,
+                                                            int64_t blocks, const Quantized *q, int64_t k,
+                                                            int64_t first, int64_t rows, __m512 *acc) {
+    const __m512i low4 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(t + QKT_D)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(t + QKT_DMIN)));
+    /* the 12 scale bytes of each row as three 32-bit lanes: 6-bit scales and mins of the eight sub-blocks */
+    const __m512i w0 = _mm512_loadu_si512(t + QKT_SCALES), w1 = _mm512_loadu_si512(t + QKT_SCALES + 64),
+                  w2 = _mm512_loadu_si512(t + QKT_SCALES + 128);
+    const __m512i m6 = _mm512_set1_epi32(0x3f3f3f3f), m4 = _mm512_set1_epi32(0x0f0f0f0f), m2 = _mm512_set1_epi32(0x03030303);
+    const __m512i scales[2] = {_mm512_and_si512(w0, m6),
+                               _mm512_or_si512(_mm512_and_si512(w2, m4),
+                                               _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), m2), 4))};
+    const __m512i mins[2] = {_mm512_and_si512(w1, m6),
+                             _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), m4),
+                                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), m2), 4))};
+    const uint8_t *qs = t + qk_qs(five ? TYPE_Q5_K : TYPE_Q4_K);
+    __m512 minus[MAX_ROWS];
+    for (int64_t r = 0; r < rows; r++) minus[r] = _mm512_setzero_ps();
+    for (int j = 0; j < 8; j++) { /* sub-block j: the low (even j) or high (odd j) nibbles of chunk j / 2 */
+        const int c = j / 2, high = j % 2;
+        __m512i u[8];
+        for (int quad = 0; quad < 8; quad++) {
+            const __m512i v = _mm512_loadu_si512(qs + 64 * (8 * c + quad));
+            u[quad] = _mm512_and_si512(high ? _mm512_srli_epi16(v, 4) : v, low4);
+            if (five) {
+                __mmask64 bits;
+                memcpy(&bits, t + QKT_MASKS + 8 * (16 * c + 8 * high + quad), 8);
+                u[quad] = _mm512_mask_add_epi8(u[quad], bits, u[quad], sixteen);
+            }
         }
-        add_rows(nib, scale, mins, 0xff, q, first, rows, k, blocks, b, acc, minus);
+        const __m512 scale = _mm512_mul_ps(d, lane_byte(scales[j / 4], j % 4));
+        const __m512 min = _mm512_mul_ps(dmin, lane_byte(mins[j / 4], j % 4));
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t row = first + r, rb = row * blocks + b;
+            const int8_t *xq = q->xq + row * k + b * QK + 32 * j;
+            __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512(); /* two chains for latency */
+            for (int quad = 0; quad < 8; quad += 2) {
+                even = _mm512_dpbusd_epi32(even, u[quad], bcast4(xq + 4 * quad));
+                odd = _mm512_dpbusd_epi32(odd, u[quad + 1], bcast4(xq + 4 * quad + 4));
+            }
+            const __m512 dx = _mm512_set1_ps(q->dx[rb]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(even, odd)), _mm512_mul_ps(scale, dx), acc[r]);
+            minus[r] = _mm512_fmadd_ps(min, _mm512_set1_ps(q->dx[rb] * (float)q->xs[rb * 16 + j]), minus[r]);
+        }
     }
+    for (int64_t r = 0; r < rows; r++) acc[r] = _mm512_sub_ps(acc[r], minus[r]);
 }
 
-static void row_q6k_q8(const uint8_t *w, int64_t blocks, const Quantized *q, int64_t first, int64_t rows, int64_t k,
-                       __m512 *acc, __m512 *minus) {
+static inline __attribute__((always_inline)) void tile_q6k(const uint8_t *t, int64_t b, int64_t blocks,
+                                                           const Quantized *q, int64_t k, int64_t first,
+                                                           int64_t rows, __m512 *acc) {
     const __m512i low4 = _mm512_set1_epi8(15), three = _mm512_set1_epi8(3);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(t + Q6T_D)));
+    for (int h = 0; h < 2; h++) {
+        for (int s = 0; s < 4; s++) { /* values 128h + 32s + l: sub-blocks 8h + 2s and 8h + 2s + 1 */
+            __m512i u[8];
+            for (int quad = 0; quad < 8; quad++) {
+                const __m512i low = _mm512_loadu_si512(t + Q6T_QL + 64 * (16 * h + 8 * (s & 1) + quad));
+                const __m512i high = _mm512_loadu_si512(t + Q6T_QH + 64 * (8 * h + quad));
+                const __m512i nibble = _mm512_and_si512(s >= 2 ? _mm512_srli_epi16(low, 4) : low, low4);
+                u[quad] = _mm512_or_si512(nibble, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(high, 2 * s), three), 4));
+            }
+            for (int half = 0; half < 2; half++) {
+                const int j = 8 * h + 2 * s + half;
+                const __m512 scale = _mm512_mul_ps(
+                    d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(t + Q6T_SCALES + 16 * j)))));
+                for (int64_t r = 0; r < rows; r++) {
+                    const int64_t row = first + r, rb = row * blocks + b;
+                    const int8_t *xq = q->xq + row * k + b * QK + 16 * j;
+                    __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+                    even = _mm512_dpbusd_epi32(even, u[4 * half], bcast4(xq));
+                    odd = _mm512_dpbusd_epi32(odd, u[4 * half + 1], bcast4(xq + 4));
+                    even = _mm512_dpbusd_epi32(even, u[4 * half + 2], bcast4(xq + 8));
+                    odd = _mm512_dpbusd_epi32(odd, u[4 * half + 3], bcast4(xq + 12));
+                    /* q - 32: the sub-block's 32 * sum of xq comes off in int32 */
+                    const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(even, odd), _mm512_set1_epi32(32 * q->xs[rb * 16 + j]));
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale, _mm512_set1_ps(q->dx[rb])), acc[r]);
+                }
+            }
+        }
+    }
+}
+
+static void group_q8(int type, const uint8_t *tiles, int64_t blocks, const Quantized *q, int64_t k, int64_t first,
+                     int64_t rows, __m512 *acc) {
+    const int64_t tile_bytes = (int64_t)GROUP * block_bytes(type);
     for (int64_t b = 0; b < blocks; b++) {
-        const uint8_t *blk = w + b * Q6K_BYTES;
-        const float d = read_f16(blk + 208);
-        const __m128i sc = _mm_loadu_si128((const __m128i *)(blk + 192));
-        __m512 scale[4]; /* sub-blocks 4g .. 4g + 3, each over four lanes (16 values) */
-        for (int g = 0; g < 4; g++) {
-            const __m128i spread = _mm_shuffle_epi8(sc, _mm_set_epi8(4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 2,
-                                                                     4 * g + 2, 4 * g + 2, 4 * g + 2, 4 * g + 1, 4 * g + 1,
-                                                                     4 * g + 1, 4 * g + 1, 4 * g, 4 * g, 4 * g, 4 * g));
-            scale[g] = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(spread)));
-        }
-        const __m512 scales16 = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
-        __m512i six[4];
-        for (int h = 0; h < 2; h++) {
-            const __m512i low = _mm512_loadu_si512(blk + 64 * h);
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
-            const __m512i bits01 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
-            const __m512i bits23 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi16(qh, 4)), _mm256_srli_epi16(qh, 6), 1);
-            six[2 * h] = _mm512_or_si512(_mm512_and_si512(low, low4), _mm512_slli_epi16(_mm512_and_si512(bits01, three), 4));
-            six[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low, 4), low4),
-                                             _mm512_slli_epi16(_mm512_and_si512(bits23, three), 4));
-        }
-        add_rows(six, scale, scales16, 0xffff, q, first, rows, k, blocks, b, acc, minus);
+        const uint8_t *t = tiles + b * tile_bytes;
+        /* see PREFETCH_BYTES; prefetches past the end never fault */
+        for (int64_t line = 0; line < tile_bytes; line += 64) _mm_prefetch((const char *)t + PREFETCH_BYTES + line, _MM_HINT_T0);
+        if (type == TYPE_Q4_K)
+            tile_q45k(0, t, b, blocks, q, k, first, rows, acc);
+        else if (type == TYPE_Q5_K)
+            tile_q45k(1, t, b, blocks, q, k, first, rows, acc);
+        else
+            tile_q6k(t, b, blocks, q, k, first, rows, acc);
     }
 }
 
 static int matmul_q8(int type, const uint16_t *x, int64_t x_stride, const uint8_t *w, uint16_t *out,
                      int64_t out_stride, int64_t rows, int64_t n, int64_t k, int64_t num_threads) {
-    const int bytes = block_bytes(type);
-    const int64_t blocks = k / QK;
+    const int64_t blocks = k / QK, groups = n / GROUP, group_bytes = blocks * GROUP * block_bytes(type);
     Quantized q = {malloc((size_t)(rows * k)), malloc(sizeof(float) * rows * blocks),
-                   malloc(sizeof(float) * rows * blocks * 16)};
-    if (!q.xq || !q.dx || !q.sums) {
-        free(q.xq), free(q.dx), free(q.sums);
+                   malloc(sizeof(int32_t) * rows * blocks * 16)};
+    if (!q.xq || !q.dx || !q.xs) {
+        free(q.xq), free(q.dx), free(q.xs);
         return -1;
     }
     quantize_rows(type, x, x_stride, rows, k, &q);
-    /* Weight rows in chunks of W_CHUNK (a few tens of KB, kept in L2 while every tile of x passes over them),
-       so each tile of quantized x is read once per chunk rather than once per weight row. */
-    const int64_t chunks = (n + W_CHUNK - 1) / W_CHUNK;
-#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && n >= 64)
+    /* A decode step (one tile of x) spreads single groups over the threads; prompts take chunks of groups,
+       so each tile of x is read once per chunk rather than once per group. */
+    const int64_t per_chunk = rows > MAX_ROWS ? CHUNK_GROUPS : 1, chunks = (groups + per_chunk - 1) / per_chunk;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && groups >= 4)
     for (int64_t chunk = 0; chunk < chunks; chunk++) {
-        const int64_t end = (chunk + 1) * W_CHUNK < n ? (chunk + 1) * W_CHUNK : n;
+        const int64_t end = (chunk + 1) * per_chunk < groups ? (chunk + 1) * per_chunk : groups;
         for (int64_t first = 0; first < rows; first += MAX_ROWS) {
             const int64_t tile = rows - first < MAX_ROWS ? rows - first : MAX_ROWS;
-            for (int64_t row = chunk * W_CHUNK; row < end; row++) {
-                const uint8_t *wr = w + row * blocks * bytes;
-                __m512 acc[MAX_ROWS], minus[MAX_ROWS];
-                for (int64_t r = 0; r < tile; r++) acc[r] = minus[r] = _mm512_setzero_ps();
-                if (type == TYPE_Q6_K)
-                    row_q6k_q8(wr, blocks, &q, first, tile, k, acc, minus);
-                else
-                    row_q45k_q8(wr, blocks, &q, first, tile, k, acc, minus, type == TYPE_Q5_K);
-                for (int64_t r = 0; r < tile; r++)
-                    out[(first + r) * out_stride + row] =
-                        float_to_bf16(_mm512_reduce_add_ps(acc[r]) - _mm512_reduce_add_ps(minus[r]));
+            for (int64_t g = chunk * per_chunk; g < end; g++) {
+                __m512 acc[MAX_ROWS];
+                for (int64_t r = 0; r < tile; r++) acc[r] = _mm512_setzero_ps();
+                group_q8(type, w + g * group_bytes, blocks, &q, k, first, tile, acc);
+                for (int64_t r = 0; r < tile; r++) {
+                    float lanes[GROUP];
+                    _mm512_storeu_ps(lanes, acc[r]);
+                    uint16_t *o = out + (first + r) * out_stride + g * GROUP;
+                    for (int i = 0; i < GROUP; i++) o[i] = float_to_bf16(lanes[i]);
+                }
             }
         }
     }
-    free(q.xq), free(q.dx), free(q.sums);
+    free(q.xq), free(q.dx), free(q.xs);
     return 0;
+}
+#else
+
+/* Q4_K's 6-bit scale and min of sub-block j (0..7) from a row's twelve packed bytes. */
+static inline void q4k_scale_min(const uint8_t *s, int j, int *scale, int *min) {
+    if (j < 4) {
+        *scale = s[j] & 63;
+        *min = s[j + 4] & 63;
+    } else {
+        *scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Row i's 256 values of a tile, in float32 as ggml dequantizes them. */
+static void tile_row(int type, const uint8_t *t, int i, float *w) {
+    if (type == TYPE_Q6_K) {
+        const float d = read_f16(t + Q6T_D + 2 * i);
+        for (int v = 0; v < QK; v++) {
+            const int h = v / 128, s = (v % 128) / 32, l = v % 32;
+            const int low = t[Q6T_QL + 64 * (16 * h + 8 * (s & 1) + l / 4) + 4 * i + l % 4];
+            const int high = t[Q6T_QH + 64 * (8 * h + l / 4) + 4 * i + l % 4];
+            const int q6 = ((s >= 2 ? low >> 4 : low) & 15) | (((high >> (2 * s)) & 3) << 4);
+            w[v] = d * (float)(int8_t)t[Q6T_SCALES + 16 * (v / 16) + i] * (float)(q6 - 32);
+        }
+        return;
+    }
+    uint8_t packed[12];
+    for (int word = 0; word < 3; word++) memcpy(packed + 4 * word, t + QKT_SCALES + 64 * word + 4 * i, 4);
+    const float d = read_f16(t + QKT_D + 2 * i), dmin = read_f16(t + QKT_DMIN + 2 * i);
+    const uint8_t *qs = t + qk_qs(type);
+    for (int v = 0; v < QK; v++) {
+        const int c = v / 64, high = (v % 64) / 32, l = v % 32, j = 2 * c + high;
+        const int byte = qs[64 * (8 * c + l / 4) + 4 * i + l % 4];
+        int q = high ? byte >> 4 : byte & 15;
+        if (type == TYPE_Q5_K) {
+            uint64_t bits;
+            memcpy(&bits, t + QKT_MASKS + 8 * (16 * c + 8 * high + l / 4), 8);
+            q |= (int)((bits >> (4 * i + l % 4)) & 1) << 4;
+        }
+        int scale, min;
+        q4k_scale_min(packed, j, &scale, &min);
+        w[v] = d * (float)scale * (float)q - dmin * (float)min;
+    }
 }
 #endif
 
@@ -296,32 +294,40 @@ int kquant_path(void) {
 #endif
 }
 
-/* out [rows, n] (bf16, out_stride apart) = x [rows, k] (bf16, x_stride apart) @ w.T, w [n, k] in `type`'s
-   blocks. On the 8-bit path rows of x go through in tiles of up to 16 that share each unpacked super-block. */
+/* out [rows, n] (bf16, out_stride apart) = x [rows, k] (bf16, x_stride apart) @ w.T, w [n, k] as x16 tiles of
+   `type`. */
 int kquant_matmul(int type, const uint16_t *x, int64_t x_stride, const uint8_t *w, uint16_t *out,
                   int64_t out_stride, int64_t rows, int64_t n, int64_t k, int64_t num_threads) {
-    const int bytes = block_bytes(type);
-    if (!bytes || k % QK || rows < 1) return -1;
+    if (!block_bytes(type) || k % QK || k < QK || n % GROUP || n < GROUP || rows < 1) return -1;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
     return matmul_q8(type, x, x_stride, w, out, out_stride, rows, n, k, num_threads);
 #else
-    const int64_t blocks = k / QK;
-#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && n >= 64)
-    for (int64_t row = 0; row < n; row++) {
-        float v[QK];
-        float acc[rows];
-        for (int64_t r = 0; r < rows; r++) acc[r] = 0.0f;
+    const int64_t blocks = k / QK, groups = n / GROUP, tile_bytes = (int64_t)GROUP * block_bytes(type);
+    int failed = 0;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && groups >= 4)
+    for (int64_t g = 0; g < groups; g++) {
+        float *acc = calloc((size_t)(rows * GROUP), sizeof(float)), *w32 = malloc(sizeof(float) * QK); /* [rows, 16] */
+        if (!acc || !w32) {
+            failed = 1; /* a benign race: every writer stores 1 */
+            free(acc), free(w32);
+            continue;
+        }
         for (int64_t b = 0; b < blocks; b++) {
-            decode_block(type, w + (row * blocks + b) * bytes, v);
-            for (int64_t r = 0; r < rows; r++) {
-                const uint16_t *xb = x + r * x_stride + b * QK;
-                float s = 0.0f;
-                for (int i = 0; i < QK; i++) s += v[i] * bf16_to_float(xb[i]);
-                acc[r] += s;
+            const uint8_t *t = w + (g * blocks + b) * tile_bytes;
+            for (int i = 0; i < GROUP; i++) {
+                tile_row(type, t, i, w32);
+                for (int64_t r = 0; r < rows; r++) {
+                    const uint16_t *xb = x + r * x_stride + b * QK;
+                    float s = 0.0f;
+                    for (int v = 0; v < QK; v++) s += w32[v] * bf16_to_float(xb[v]);
+                    acc[r * GROUP + i] += s;
+                }
             }
         }
-        for (int64_t r = 0; r < rows; r++) out[r * out_stride + row] = float_to_bf16(acc[r]);
+        for (int64_t r = 0; r < rows; r++)
+            for (int i = 0; i < GROUP; i++) out[r * out_stride + g * GROUP + i] = float_to_bf16(acc[r * GROUP + i]);
+        free(acc), free(w32);
     }
+    return failed ? -1 : 0;
 #endif
-    return 0;
 }

@@ -1,21 +1,28 @@
-"""ggml's 32-value block types repacked 16 weight rows at a time ("x16"), the layout block32_matmul.c reads.
+"""GGUF block types repacked 16 weight rows at a time ("x16"), the layout the CPU block kernels read.
 
 In a file, each row's blocks follow one another, so a kernel that wants the same block of 16 rows side by
-side (one output row per vector lane, no horizontal sums) would gather 16 scales and transpose 16 x 16 bytes
-for every block. Repacking does that once, at load, into a layout of the same size: for each group of 16 rows
-and each block column, one tile
+side (one output row per vector lane, no horizontal sums) would gather 16 scales and transpose 16 rows of
+bytes for every block. Repacking does that once, at load, into a layout of the same size: for each group of
+16 rows and each block column, one tile made of the blocks' fields, each field with the 16 rows interleaved:
 
-    Q4_0, IQ4_NL   d[16] (f16)                   | qs
-    Q4_1           d[16], m[16]                  | qs
-    Q5_0           d[16],         qh masks (64 B) | qs
-    Q5_1           d[16], m[16],  qh masks (64 B) | qs
-    Q8_0           d[16]                         | qs
+    field        in the file, per row        in the tile
+    d, m         f16                         [r][2 bytes]: 16 halves side by side
+    words        n words of w bytes          [word][r][w bytes]: one 64-byte load = word i of 16 rows
+    bits         n bits (fifth bits)         permuted bit by bit, so that each 64-bit mask covers 16 rows x 4
+                                             values, in the order the kernel unpacks them (below)
 
-where qs holds quad j (values 4j .. 4j + 3, four bytes) of rows 0 .. 15 as 64 consecutive bytes: byte
-(j, r, t) = byte 4j + t of row r's block. For the nibble types that byte's low nibble is value 4j + t and
-its high nibble value 16 + 4j + t; for Q8_0 it is value 4j + t. Q5's fifth bits become eight 64-bit masks,
-[h][j]: bit 4r + t of mask (h, j) is the fifth bit of value 16h + 4j + t of row r, the bits of the 64 bytes
-the kernel unpacks for that half and quad.
+Quants are "words" of 4 bytes (a quad: 4 values of a row in the kernel's vpdpbusd lane), scales words too.
+The tables below give each type's fields in tile order, with where they sit in the file's block:
+
+    Q4_0/IQ4_NL  d | qs[16] in 4 quads: byte (q, r, t) = byte 4q + t of row r; low nibble = value 4q + t,
+                 high nibble = value 16 + 4q + t
+    Q4_1         d | m | qs as Q4_0
+    Q5_0/Q5_1    as Q4_0/Q4_1 with 8 masks before qs: [h][q], bit 4r + t = fifth bit of value 16h + 4q + t
+    Q8_0         d | qs[32] in 8 quads (value 4q + t)
+    Q4_K         d | dmin | the 12 scale bytes as 3 words | qs[128] in 32 quads (sub-block 2c low nibbles,
+                 2c + 1 high, quads 8c .. 8c + 7)
+    Q5_K         as Q4_K with 64 masks before qs: [c][half][q], bit 4r + t = bit 2c + half of qh byte 4q + t
+    Q6_K         d | 16 int8 scales as 16 one-byte words ([j][r]) | ql[128] in 32 quads | qh[64] in 16 quads
 
 Tiles are stored [rows / 16, blocks per row * 16 * block bytes] uint8: a group's tiles one after another.
 Rows must come in whole groups of 16 (every vocabulary and projection size of the supported models does).
@@ -23,19 +30,45 @@ Rows must come in whole groups of 16 (every vocabulary and projection size of th
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 GROUP = 16
-# type -> (header bytes before the fifth bits: d, or d and m; fifth-bit bytes per block; quant bytes per block)
-LAYOUTS: dict[str, tuple[int, int, int]] = {
-    "Q4_0": (2, 0, 16),
-    "Q4_1": (4, 0, 16),
-    "Q5_0": (2, 4, 16),
-    "Q5_1": (4, 4, 16),
-    "Q8_0": (2, 0, 32),
-    "IQ4_NL": (2, 0, 16),
-}
 SUFFIX = "x16"
+R = -1  # the row index's place in a field's tile order
+
+
+class Field(NamedTuple):
+    offset: int  # first byte in the file's block
+    size: int  # bytes in the file's block
+    dims: tuple[int, ...]  # the field's bytes (or bits, little-endian) per row, split into these
+    order: tuple[int, ...]  # the tile's order of those dims, with R for the row
+    bits: bool = False
+
+
+def _half(offset: int) -> Field:
+    return Field(offset, 2, (2,), (R, 0))
+
+
+def _words(offset: int, size: int, width: int = 4) -> Field:
+    return Field(offset, size, (size // width, width), (0, R, 1))
+
+
+_Q5_MASKS = (2, 4, 4), (0, 1, R, 2)  # fifth bit of value 16h + 4q + t -> [h][q][r][t]
+_QK_MASKS = (8, 4, 4, 2), (2, 3, 0, R, 1)  # bit (c, half) of qh byte 4q + t -> [c][half][q][r][t]
+
+LAYOUTS: dict[str, tuple[Field, ...]] = {
+    "Q4_0": (_half(0), _words(2, 16)),
+    "IQ4_NL": (_half(0), _words(2, 16)),
+    "Q4_1": (_half(0), _half(2), _words(4, 16)),
+    "Q5_0": (_half(0), Field(2, 4, *_Q5_MASKS, bits=True), _words(6, 16)),
+    "Q5_1": (_half(0), _half(2), Field(4, 4, *_Q5_MASKS, bits=True), _words(8, 16)),
+    "Q8_0": (_half(0), _words(2, 32)),
+    "Q4_K": (_half(0), _half(2), _words(4, 12), _words(16, 128)),
+    "Q5_K": (_half(0), _half(2), _words(4, 12), Field(16, 32, *_QK_MASKS, bits=True), _words(48, 128)),
+    "Q6_K": (_half(208), _words(192, 16, 1), _words(0, 128), _words(128, 64)),
+}
 
 
 def repacked_name(type_name: str) -> str:
@@ -51,50 +84,54 @@ def can_repack(type_name: str, num_rows: int) -> bool:
     return type_name in LAYOUTS and num_rows % GROUP == 0 and num_rows > 0
 
 
-def _masks(qh: torch.Tensor) -> torch.Tensor:
-    """Fifth bits qh [G, B, 16 rows, 4] (each row's little-endian u32) -> the tile's masks [G, B, 64] bytes."""
-    bits = (qh.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1  # [G, B, 16, 4 bytes, 8]
-    bits = bits.flatten(-2).unflatten(-1, (2, 4, 4))  # [G, B, r, h, j, t]: value 16h + 4j + t
-    bits = bits.permute(0, 1, 3, 4, 2, 5).flatten(-4)  # [G, B, (h, j, r, t)] = 512 bits
-    packed = bits.unflatten(-1, (64, 8)) << torch.arange(8, dtype=torch.uint8)
-    return packed.sum(-1, dtype=torch.uint8)
+def block_bytes(type_name: str) -> int:
+    return sum(f.size for f in LAYOUTS[type_name])
 
 
-def _unmasks(masks: torch.Tensor) -> torch.Tensor:
-    """The inverse of `_masks`: [G, B, 64] -> qh [G, B, 16, 4]."""
-    bits = ((masks.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1).flatten(-2)  # [G, B, 512]
-    bits = bits.unflatten(-1, (2, 4, 16, 4)).permute(0, 1, 4, 2, 3, 5).flatten(-3)  # [G, B, r, 32 values]
-    return (bits.unflatten(-1, (4, 8)) << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
+_SHIFTS = torch.arange(8, dtype=torch.uint8)
+
+
+def _to_bits(b: torch.Tensor) -> torch.Tensor:
+    return ((b.unsqueeze(-1) >> _SHIFTS) & 1).flatten(-2)  # [..., n bytes * 8], little-endian
+
+
+def _to_bytes(bits: torch.Tensor) -> torch.Tensor:
+    return (bits.unflatten(-1, (-1, 8)) << _SHIFTS).sum(-1, dtype=torch.uint8)
+
+
+def _tile_permutation(field: Field) -> tuple[int, ...]:
+    """Dims of [G, B, r, *dims] in the tile's order."""
+    return (0, 1, *(2 if d == R else 3 + d for d in field.order))
 
 
 def repack(blocks: torch.Tensor, type_name: str) -> torch.Tensor:
     """Rows of `type_name` blocks [N, row bytes] -> x16 tiles [N / 16, row bytes * 16]."""
-    header, high, quants = LAYOUTS[type_name]
-    size = header + high + quants
+    size = block_bytes(type_name)
     n = blocks.shape[0]
     split = blocks.reshape(n // GROUP, GROUP, -1, size).transpose(1, 2)  # [G, B, 16 rows, block bytes]
-    g, b = split.shape[:2]
-    fields = [split[..., i : i + 2].flatten(-2) for i in range(0, header, 2)]  # d[16], then m[16]
-    if high:
-        fields.append(_masks(split[..., header : header + high].contiguous()))
-    qs = split[..., header + high :].unflatten(-1, (quants // 4, 4))  # [G, B, r, j, t]
-    fields.append(qs.transpose(2, 3).flatten(-3))
-    return torch.cat(fields, -1).reshape(g, b * GROUP * size).contiguous()
+    pieces = []
+    for f in LAYOUTS[type_name]:
+        x = split[..., f.offset : f.offset + f.size]
+        x = (_to_bits(x) if f.bits else x).unflatten(-1, f.dims).permute(_tile_permutation(f)).flatten(2)
+        pieces.append(_to_bytes(x) if f.bits else x)
+    return torch.cat(pieces, -1).reshape(n // GROUP, -1).contiguous()
 
 
 def unrepack(tiles: torch.Tensor, type_name: str) -> torch.Tensor:
     """x16 tiles [N / 16, row bytes * 16] -> the file's rows of blocks [N, row bytes]."""
-    header, high, quants = LAYOUTS[type_name]
-    size = header + high + quants
+    size = block_bytes(type_name)
     g = tiles.shape[0]
     t = tiles.reshape(g, -1, GROUP * size)  # [G, B, tile]
-    fields = [t[..., 2 * GROUP * i : 2 * GROUP * (i + 1)].unflatten(-1, (GROUP, 2)) for i in range(header // 2)]
-    offset = header * GROUP
-    if high:
-        fields.append(_unmasks(t[..., offset : offset + 64].contiguous()))
-        offset += 64
-    qs = t[..., offset:].unflatten(-1, (quants // 4, GROUP, 4)).transpose(2, 3).flatten(-2)  # [G, B, r, bytes]
-    rows = torch.cat([*fields, qs], -1)  # [G, B, 16, block bytes]
+    rows = torch.empty(g, t.shape[1], GROUP, size, dtype=torch.uint8, device=tiles.device)
+    start = 0
+    for f in LAYOUTS[type_name]:
+        x = t[..., start : start + GROUP * f.size]
+        start += GROUP * f.size
+        permutation = _tile_permutation(f)
+        sizes = [GROUP if d == R else f.dims[d] for d in f.order]
+        x = (_to_bits(x) if f.bits else x).unflatten(-1, sizes)
+        x = x.permute([permutation.index(i) for i in range(len(permutation))]).flatten(3)  # [G, B, 16, bytes]
+        rows[..., f.offset : f.offset + f.size] = _to_bytes(x) if f.bits else x
     return rows.transpose(1, 2).reshape(g * GROUP, -1)
 
 

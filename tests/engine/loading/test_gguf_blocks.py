@@ -1,10 +1,12 @@
-"""K-quant GGUF weights stay in the file's blocks (engine/models/linear.py BlockWeight, embedding.py).
+"""GGUF block-quantized weights stay in their blocks, repacked 16 rows at a time (engine/models/linear.py
+BlockWeight, embedding.py, kernels/torch_ref/gguf_repack.py).
 
 Tried: a Q4_K llama with a Q6_K v projection beside Q4_K q and k (llama.cpp's Q4_K_M mix, so the fused qkv
-holds two types; its parts are views of the file's memory map, not copies), a Q6_K embedding table tied to the output head (one buffer for both), an untied Q6_K head,
-float32 (expanded: the kernel reads bfloat16 x only). A Q4_K_M file from tools/make_bench_model.py gives
-logits close to the same file expanded to bfloat16 at load; parameters and buffers add up to no more than the
-file's tensors, and resident memory after loading a 105 MB file stays within the file's size + 150 MB.
+holds two types, q and k joined), Q5_K, ggml's six 32-value types, tied and untied heads, a vocabulary whose
+odd size is no whole number of 16-row groups (its table expanded), float32 (expanded: the kernels read
+bfloat16 x only). Q4_K_M, Q4_0 and Q8_0 files from tools/make_bench_model.py give logits close to the same
+file expanded to bfloat16 at load, with the tied head sharing the table's buffer; resident memory after
+loading a 105 MB file stays within the file's size + 150 MB.
 """
 
 from __future__ import annotations
@@ -75,20 +77,18 @@ def test_k_quants_stay_in_their_blocks_and_compute_what_the_expanded_weights_do(
     written = q4_k_m(gguf_kit, tied)
     model = Model.load(written.path)  # bfloat16 on the CPU: the default
     layer = model.model.layers[0]
-    assert layer.self_attn.qkv_proj.block_types == ["Q4_K", "Q4_K", "Q6_K"]  # q, k and v side by side
-    assert model.model.layers[1].mlp.down_proj.block_types == ["Q6_K"]
-    assert layer.mlp.gate_up_proj.block_types == ["Q4_K", "Q4_K"]
-    embeddings = model.model.embed_tokens
-    assert embeddings.block_type == "Q6_K" and model.lm_head.block_types == ["Q6_K"]
-    assert (model.lm_head.blocks0.data_ptr() == embeddings.blocks.data_ptr()) == tied  # shared, not a copy
-    assert not any(
-        n.endswith(("_proj.weight", "embed_tokens.weight", "lm_head.weight")) for n, _ in model.named_parameters()
-    )
-    # every weight is held as the file's bytes: nothing but the (float32 -> bfloat16) norms beside them
+    # repacked 16 rows at a time; q and k (both Q4_K) joined into one tensor beside v's Q6_K
+    assert layer.self_attn.qkv_proj.block_types == ["Q4_Kx16", "Q6_Kx16"]
+    assert model.model.layers[1].mlp.down_proj.block_types == ["Q6_Kx16"]
+    assert layer.mlp.gate_up_proj.block_types == ["Q4_Kx16"]
+    # the tiny vocabulary's odd size is no whole number of 16-row groups: its table (and head) are expanded;
+    # a real vocabulary's stay in blocks, the head sharing them (test_logits_match_the_weights_expanded_at_load)
+    assert model.model.embed_tokens.blocks is None and not model.lm_head.block_types
+    projections = [m for n, m in model.named_modules() if n.endswith("_proj")]
+    assert all(m.block_types for m in projections) and not any(hasattr(m, "weight") for m in projections)
+    # every projection is held as the file's bytes, repacked: no more than the file's tensors
     file_bytes = sum(a.nbytes for a in written.written.values())
-    assert tensor_bytes(model) <= file_bytes
-
-    # the embeddings' lookup expands only the rows it reads, to the same values
+    assert sum(b.numel() for m in projections for b in m.buffers()) <= file_bytes
     expanded = Model.load(written.path, quantized=None)
     assert expanded.dtype == torch.bfloat16 and not expanded.model.layers[0].self_attn.qkv_proj.block_types
     ids = torch.tensor(PROMPT)
@@ -96,7 +96,7 @@ def test_k_quants_stay_in_their_blocks_and_compute_what_the_expanded_weights_do(
 
 
 @pytest.mark.parametrize(
-    ("kind", "qkv"), [("Q4_K_M", ["Q4_K", "Q4_K", "Q6_K"]), ("Q4_0", ["Q4_0x16"] * 3), ("Q8_0", ["Q8_0x16"] * 3)]
+    ("kind", "qkv"), [("Q4_K_M", ["Q4_Kx16", "Q6_Kx16"]), ("Q4_0", ["Q4_0x16"]), ("Q8_0", ["Q8_0x16"])]
 )
 def test_logits_match_the_weights_expanded_at_load(tmp_path, starter_gguf, kind, qkv):
     # A file with a trained model's weight scale (tools/make_bench_model.py), where activations stay O(1), so
@@ -105,6 +105,10 @@ def test_logits_match_the_weights_expanded_at_load(tmp_path, starter_gguf, kind,
     bench_model.write_bench_model(path, kind, num_layers=2, tokenizer_gguf=starter_gguf, **TINY_BENCH)
     ours, theirs = Model.load(path), Model.load(path, quantized=None)
     assert ours.model.layers[1].self_attn.qkv_proj.block_types == qkv
+    # the tied head reads the table's repacked blocks: one buffer, no copy; lookups unpack only their rows
+    assert ours.lm_head.blocks0.data_ptr() == ours.model.embed_tokens.blocks.data_ptr()
+    ids = torch.tensor(PROMPT)
+    assert torch.equal(ours.embed(ids), theirs.embed(ids))
     got, want = logits(ours, PROMPT), logits(theirs, PROMPT)
     torch.testing.assert_close(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())
     # each position's choice is the expanded model's or ties with it within that tolerance
@@ -163,8 +167,7 @@ def test_q5_k_stays_in_its_blocks(gguf_kit):
     model = gguf_kit.model("LlamaForCausalLM", tie_word_embeddings=True, **LLAMA)
     written = gguf_kit.write(model, "Q5_K", raw_types={"blk.1.attn_v.weight": "Q6_K"})
     ours = Model.load(written.path)
-    assert ours.model.layers[1].self_attn.qkv_proj.block_types == ["Q5_K", "Q5_K", "Q6_K"]
-    assert ours.model.embed_tokens.block_type == "Q5_K" and ours.lm_head.block_types == ["Q5_K"]
+    assert ours.model.layers[1].self_attn.qkv_proj.block_types == ["Q5_Kx16", "Q6_Kx16"]
     ids = torch.tensor(PROMPT)
     assert torch.equal(ours.embed(ids), Model.load(written.path, quantized=None).embed(ids))
     assert torch.isfinite(logits(ours, PROMPT)).all()
@@ -180,7 +183,7 @@ def test_32_value_block_types_stay_in_their_blocks_repacked(gguf_kit, qtype):
     written = gguf_kit.write(model, qtype)  # IQ4_NL: valid random blocks (gguf cannot quantize to it)
     ours = Model.load(written.path)
     packed = qtype + "x16"
-    assert ours.model.layers[0].self_attn.qkv_proj.block_types == [packed] * 3
+    assert ours.model.layers[0].self_attn.qkv_proj.block_types == [packed]  # q, k and v joined
     assert ours.model.layers[0].mlp.down_proj.block_types == [packed]  # 512 columns
     assert ours.model.embed_tokens.blocks is None and not ours.lm_head.block_types
     expanded = Model.load(written.path, quantized=None)
