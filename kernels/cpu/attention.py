@@ -78,6 +78,8 @@ def paged_attention(
     if not query_lens or q.shape[0] != sum(query_lens) or not _handles(q, k_cache, v_cache, _DTYPES):
         return None
     if max(query_lens) > MAX_QUERIES:
+        if min(query_lens) <= MAX_QUERIES:  # each sequence by its own kernel: see _split
+            return _split(q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
         return _prefill(q, k_cache, v_cache, block_tables, query_lens, seq_lens_host, scale, sliding_window)
     fn = _kernel()
     if fn is None:
@@ -104,6 +106,42 @@ def paged_attention(
         torch.get_num_threads(),
     )
     return out if status == 0 else None
+
+
+def _split(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor | None:
+    """A batch mixing prompt chunks with decode tokens: the decode kernel for the sequences with few new tokens,
+    the prefill kernel for the rest, so a sequence's attention never depends on what else shares its forward
+    (a greedy job gives the same tokens alone and in any batch)."""
+    out = torch.empty(q.shape, dtype=k_cache.dtype)
+    starts = [sum(query_lens[:i]) for i in range(len(query_lens))]
+    for few in (True, False):
+        picked = [i for i, n in enumerate(query_lens) if (n <= MAX_QUERIES) == few]
+        rows = torch.cat([torch.arange(starts[i], starts[i] + query_lens[i]) for i in picked])
+        part = paged_attention(
+            q[rows],
+            k_cache,
+            v_cache,
+            block_tables[picked],
+            seq_lens[picked],
+            [query_lens[i] for i in picked],
+            [seq_lens_host[i] for i in picked],
+            scale,
+            sliding_window,
+        )
+        if part is None:
+            return None
+        out[rows] = part
+    return out
 
 
 def _prefill(

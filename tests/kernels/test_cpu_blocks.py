@@ -34,7 +34,7 @@ F16_FIELDS = {
     "Q6_K": (208,),
 }
 TYPES = list(F16_FIELDS)
-BLOCK32 = [t for t in TYPES if t in gguf_repack.LAYOUTS]
+BLOCK32 = [t for t in TYPES if gguf_blocks.BLOCKS[t][0] == 32]
 
 
 def random_blocks(num_rows: int, num_cols: int, type_name: str, seed: int) -> torch.Tensor:
@@ -92,8 +92,7 @@ def test_rows_match_ggufs_dequantization(type_name, rows):
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize(("num_rows", "num_cols"), [(64, 256), (130, 768), (33, 2048)])
 def test_shapes(type_name, num_rows, num_cols):
-    if type_name in BLOCK32:
-        num_rows += -num_rows % 16  # repacked rows come in groups of 16
+    num_rows += -num_rows % 16  # repacked rows come in groups of 16
     blocks = random_blocks(num_rows, num_cols, type_name, num_rows)
     x = torch.randn(2, 3, num_cols, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     bias = torch.randn(num_rows).to(torch.bfloat16)
@@ -123,32 +122,35 @@ def test_each_row_is_computed_as_if_alone(type_name):
 def test_declines_what_it_cannot_read():
     blocks = random_blocks(64, 256, "Q4_K", 3)
     x = torch.ones(1, 256, dtype=torch.bfloat16)
-    assert cpu_blocks.linear(x.float(), blocks, "Q4_K") is None  # float32 x
-    assert cpu_blocks.linear(x, blocks, "Q3_K") is None  # no kernel for the type
-    assert cpu_blocks.linear(x, blocks, "Q6_K") is None  # 144-byte rows are not Q6_K's 210
-    assert cpu_blocks.linear(x, blocks[:, :100], "Q4_K") is None  # not a whole row of blocks
-    assert cpu_blocks.linear(x, torch.cat([blocks, blocks], 1)[:, ::2], "Q4_K") is None  # not contiguous
-    assert cpu_blocks.linear(torch.ones(1, 128, dtype=torch.bfloat16), blocks, "Q4_K") is None  # wrong K
+    assert cpu_blocks.linear(x.float(), cpu_blocks.pack(blocks, "Q4_K")[0], "Q4_Kx16") is None  # float32 x
+    tiles, packed = cpu_blocks.pack(blocks, "Q4_K")
+    assert cpu_blocks.linear(x, tiles, "Q3_Kx16") is None  # no kernel for the type
+    assert cpu_blocks.linear(x, blocks, "Q4_K") is None  # the file's layout is not what the kernel reads
+    assert cpu_blocks.linear(x, tiles, "Q6_Kx16") is None  # Q4_K's tiles are not Q6_K's
+    assert cpu_blocks.linear(x, tiles[:, :100], packed) is None  # not a whole row of tiles
+    assert cpu_blocks.linear(x, torch.cat([tiles, tiles], 1)[:, ::2], packed) is None  # not contiguous
+    assert cpu_blocks.linear(torch.ones(1, 128, dtype=torch.bfloat16), tiles, packed) is None  # wrong K
     q4_0 = random_blocks(64, 256, "Q4_0", 3)
     assert cpu_blocks.linear(x, q4_0, "Q4_0x16") is None  # the file's rows, not repacked tiles
-    assert cpu_blocks.linear(x, q4_0, "Q4_0") is None  # the file's layout is not what the kernel reads
     assert cpu_blocks.supports("Q4_K", "cpu", torch.bfloat16, 256, 64)
     assert not cpu_blocks.supports("Q4_K", "cpu", torch.float32, 256, 64)
     assert not cpu_blocks.supports("Q4_K", "cpu", torch.bfloat16, 576, 64)  # K-quant rows hold whole super-blocks
     assert cpu_blocks.supports("Q8_0", "cpu", torch.bfloat16, 576, 49152)  # the starter's head: 18 blocks a row
     assert not cpu_blocks.supports("Q4_0", "cpu", torch.bfloat16, 48, 64)  # not whole blocks
     assert not cpu_blocks.supports("Q4_0", "cpu", torch.bfloat16, 64, 40)  # not whole groups of 16 rows
+    assert not cpu_blocks.supports("Q6_K", "cpu", torch.bfloat16, 256, 40)
     assert not cpu_blocks.supports("Q3_K", "cpu", torch.bfloat16, 256, 64)
 
 
-@pytest.mark.parametrize("type_name", BLOCK32)
+@pytest.mark.parametrize("type_name", TYPES)
 def test_repacking_keeps_every_byte(type_name):
-    blocks = random_blocks(48, 96, type_name, 7)
+    num_cols = gguf_blocks.BLOCKS[type_name][0] * 3
+    blocks = random_blocks(48, num_cols, type_name, 7)
     tiles = gguf_repack.repack(blocks, type_name)
     assert tiles.shape == (3, blocks.numel() // 3)  # the file's size
     assert torch.equal(gguf_repack.unrepack(tiles, type_name), blocks)
     ids = torch.tensor([0, 17, 47, 5, 5])
     assert torch.equal(gguf_repack.rows(tiles, type_name, ids), blocks[ids])
     assert torch.equal(
-        gguf_blocks.dequantize(tiles, gguf_repack.repacked_name(type_name), 96), gguf_weight(blocks, type_name)
+        gguf_blocks.dequantize(tiles, gguf_repack.repacked_name(type_name), num_cols), gguf_weight(blocks, type_name)
     )
