@@ -28,6 +28,7 @@ from engine.generator.scheduler import Scheduler, Seq, Step
 from engine.generator.session import JobSession
 from engine.generator.speculative import common_prefix, merge_results, ngram_draft, verify_sampled
 from engine.models.batch import Batch
+from engine.threads import shared_policy
 from engine.vision.embedding import is_mm_id
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class DynamicGenerator:
         min_sampling_threads: int = 3,
         paged: bool = True,
         filter_background_eval: bool = True,
+        adapt_threads: bool = True,
     ):
         if cache.model is not model:
             raise ValueError("the cache was made for a different model; create it with Cache(model, ...)")
@@ -74,6 +76,8 @@ class DynamicGenerator:
         self.model = model
         self.cache = cache
         self.tokenizer = tokenizer
+        # fewer threads while other programs keep cores busy (engine/threads.py); CPU models only
+        self.threads = shared_policy() if adapt_threads and cache.device.type == "cpu" else None
         self.paged = paged
         self.max_seq_len = max_seq_len or cache.max_seq_len
         self.max_chunk_size = max_chunk_size or 2048
@@ -190,6 +194,8 @@ class DynamicGenerator:
     def iterate(self) -> list[Result]:
         """Advance every job by one step; returns one result dict per job with activity."""
         with self._lock:
+            if self.threads is not None:
+                self.threads.update()
             results, self._buffered = self._buffered, []
             admitted, copies = self.scheduler.admit()
             for c in copies:
