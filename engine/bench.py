@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine import bench_features
+from engine import bench_features, bench_load
 
 log = logging.getLogger("engine.bench")  # not __name__: the workers run this file as __main__
 
@@ -230,6 +230,9 @@ def _peak_rss_mib() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB on Linux
 
 
+_SCHED_AT_START: dict[str, tuple[int, int]] = {}  # a side's threads' scheduler times when its run began
+
+
 def _sched_times() -> dict[str, tuple[int, int]]:
     """Per thread of this process: (ns on a CPU, ns runnable but waiting for one). Empty off Linux."""
     times = {}
@@ -363,6 +366,16 @@ def _ours_core(model, cfg: dict[str, Any], out: dict[str, Any]) -> None:
 
     out["turn2_cold_ttft_s"] = _best_of(2, cold)
 
+    prompt = turn2[: bench_load.PROMPT_TOKENS]
+    out["prompt_tokens"] = len(prompt)
+    out["prompt_tps"] = bench_load.prompt_rate(lambda ids: drain(generator([len(ids) + 1]), [job(ids, 1)])[1], prompt)
+    out["cpu_wait_share"] = _cpu_wait_share(_SCHED_AT_START)  # before the busy loop below adds its own
+    log.info("ours: single-stream decode with one core busy")
+    with bench_load.busy_core():
+        drain(generator([16 + WARMUP_TOKENS]), [job(single[:16], WARMUP_TOKENS)])  # the thread policy adapts
+        (r,), _ = drain(generator([len(single) + new]), [job(single, new)])
+    out["busy_decode_tps"] = (r["new_tokens"] - 1) / r["time_generate"]
+
 
 # ----------------------------------------------------------------------------------------------- transformers
 
@@ -475,16 +488,19 @@ def _llama_cpp(cfg: dict[str, Any]) -> dict[str, Any]:
         stream.close()
         return time.perf_counter() - t0
 
+    def decode_tps(ids: list[int]) -> float:
+        llm.reset()
+        times = []
+        for token_idx, _ in enumerate(llm.generate(ids, temp=0.0)):
+            times.append(time.perf_counter())
+            if token_idx + 1 == new:
+                break
+        return (new - 1) / (times[-1] - times[0])
+
     single = cfg["workload"]["single"]
     log.info("llama.cpp: single-stream decode")
     first_token_s(single[:16])
-    llm.reset()
-    times = []
-    for token_idx, _ in enumerate(llm.generate(single, temp=0.0)):
-        times.append(time.perf_counter())
-        if token_idx + 1 == new:
-            break
-    out["single_decode_tps"] = (new - 1) / (times[-1] - times[0])
+    out["single_decode_tps"] = decode_tps(single)
 
     log.info("llama.cpp: chat turn 2, warm (turn 1's prompt in its cache) then cold")
     llm.reset()
@@ -496,7 +512,14 @@ def _llama_cpp(cfg: dict[str, Any]) -> dict[str, Any]:
         return first_token_s(turn2)
 
     out["turn2_cold_ttft_s"] = _best_of(2, cold)
+    out["prompt_tps"] = bench_load.prompt_rate(
+        lambda ids: (llm.reset(), first_token_s(ids))[1], turn2[: bench_load.PROMPT_TOKENS]
+    )
     out["peak_rss_mib"] = _peak_rss_mib()
+    out["cpu_wait_share"] = _cpu_wait_share(_SCHED_AT_START)  # before the busy loop below adds its own
+    log.info("llama.cpp: single-stream decode with one core busy")
+    with bench_load.busy_core():
+        out["busy_decode_tps"] = decode_tps(single)
     return out
 
 
@@ -510,10 +533,11 @@ def _worker_main(side: str, cfg_path: str, out_path: str) -> int:
     cfg = json.loads(Path(cfg_path).read_text())
     if cfg["threads"] is not None:
         torch.set_num_threads(cfg["threads"])
-    sched = _sched_times()
+    global _SCHED_AT_START
+    _SCHED_AT_START = _sched_times()
     result = SIDES[side](cfg)
     result["threads"] = torch.get_num_threads()
-    result["cpu_wait_share"] = _cpu_wait_share(sched)
+    result.setdefault("cpu_wait_share", _cpu_wait_share(_SCHED_AT_START))
     Path(out_path).write_text(json.dumps(result))
     return 0
 
@@ -653,6 +677,39 @@ def _core_rows(args: argparse.Namespace, workload: dict, sides: dict[str, dict |
         hf_key="-",
     )
     row("same prompt, cold (fresh cache)", "turn2_cold_ttft_s", "ms")
+    prompt_x = ratio(ours.get("prompt_tps"), (cpp or {}).get("prompt_tps"))
+    row(
+        f"prompt tok/s ({ours.get('prompt_tokens', '?')}-token prompt, cold)",
+        "prompt_tps",
+        "tok/s",
+        ">= 1.0x llama.cpp" if cpp is not None else "",
+        _verdict(None if prompt_x is None else prompt_x >= 1.0, f"{prompt_x or 0:.2f}x"),
+        hf_key="-",
+    )
+    if cpp is not None:
+        x = ratio(ours.get("single_decode_tps"), cpp.get("single_decode_tps"))
+        rows.append(
+            {
+                "metric": "  single-stream decode against llama.cpp",
+                "ours": "",
+                "transformers": "",
+                "llama.cpp": "",
+                "target": ">= 1.0x llama.cpp",
+                "result": _verdict(None if x is None else x >= 1.0, f"{x or 0:.2f}x"),
+            }
+        )
+    busy, quiet = ours.get("busy_decode_tps"), ours.get("single_decode_tps")
+    kept, x = ratio(busy, quiet), ratio(busy, (cpp or {}).get("busy_decode_tps"))
+    ok = None if kept is None else kept >= 0.5 and (x is None or x >= 1.5)
+    detail = f"{(kept or 0) * 100:.0f}% of quiet" + (f", {x:.2f}x llama.cpp" if x is not None else "")
+    row(
+        "single-stream decode tok/s, another program keeping one core busy",
+        "busy_decode_tps",
+        "tok/s",
+        ">= 50% of quiet" + (", >= 1.5x llama.cpp" if cpp is not None else ""),
+        _verdict(ok, detail),
+        hf_key="-",
+    )
     row("peak RSS of the whole process", "peak_rss_mib", "MiB")
     row("  of which after imports, before loading", "rss_after_import_mib", "MiB")
     row("  of which after loading the model", "rss_after_load_mib", "MiB")

@@ -94,7 +94,6 @@ class ThreadPolicy:
         return threads
 
 
-
 _shared: ThreadPolicy | None = None
 
 

@@ -9,10 +9,10 @@ import torch
 from kernels import dispatch
 from kernels import triton as triton_kernels  # imports triton itself only on the first CUDA call
 from kernels.cpu import attention as cpu_attention
+from kernels.cpu import blocks as cpu_blocks
 from kernels.cpu import build as cpu_build
 from kernels.cpu import elementwise as cpu_elementwise
 from kernels.cpu import int4 as cpu_int4
-from kernels.cpu import blocks as cpu_blocks
 from kernels.torch_ref import activation, attention, gguf_blocks, gguf_repack, norm, quant, rope
 
 dispatch.register("write_kv", attention.write_kv, reference=True)

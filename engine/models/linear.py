@@ -21,7 +21,6 @@ from torch import nn
 from kernels import ops
 
 
-
 @dataclass
 class QuantizedWeight:
     """A 4-bit weight before packing: W[n, k] = (values[n, k] - 8) * scales[n, k // g] + zeros[n, k // g].

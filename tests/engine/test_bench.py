@@ -20,6 +20,8 @@ ROW_LABELS = [
     "aggregate tok/s, 3 concurrent jobs",
     "second chat turn, time to first token",
     "same prompt, cold (fresh cache)",
+    "prompt tok/s (",
+    "single-stream decode tok/s, another program keeping one core busy",
     "peak RSS of the whole process",
     "of which after imports, before loading",
     "of which after loading the model",
@@ -74,6 +76,8 @@ def test_bench_runs_both_sides_and_prints_every_row(tiny_folder, tmp_path, capsy
         for key in ("single_decode_tps", "single_ttft_s", "turn2_cold_ttft_s", "peak_rss_mib", "load_s"):
             assert side[key] > 0 and math.isfinite(side[key]), (key, side[key])
         assert side["threads"] == 1
+    for key in ("prompt_tps", "busy_decode_tps"):  # the load rows: ours only (transformers has neither)
+        assert ours[key] > 0 and math.isfinite(ours[key]), (key, ours[key])
         assert 0 <= side["cpu_wait_share"] <= 1
     assert ours["aggregate_tps"] > 0 and ours["turn2_warm_ttft_s"] > 0 and hf["batched_tps"] > 0
     # The second turn extends the first, so every full 16-token page of turn 1's prompt is reused.

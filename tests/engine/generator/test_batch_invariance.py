@@ -10,7 +10,6 @@ are decoding, and n-gram speculation.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from engine import Cache, DynamicGenerator, DynamicJob, Model, SamplerSettings
 
