@@ -295,6 +295,8 @@ def _ours(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _ours_core(model, cfg: dict[str, Any], out: dict[str, Any]) -> None:
     """Our side of the comparison phases, measurements into `out`."""
+    import torch
+
     from engine.cache import Cache
     from engine.generator.dynamic import DynamicGenerator
     from engine.generator.job import DynamicJob
@@ -370,6 +372,7 @@ def _ours_core(model, cfg: dict[str, Any], out: dict[str, Any]) -> None:
     out["prompt_tokens"] = len(prompt)
     out["prompt_tps"] = bench_load.prompt_rate(lambda ids: drain(generator([len(ids) + 1]), [job(ids, 1)])[1], prompt)
     out["cpu_wait_share"] = _cpu_wait_share(_SCHED_AT_START)  # before the busy loop below adds its own
+    out["threads"] = torch.get_num_threads()  # before the thread policy answers the busy loop
     log.info("ours: single-stream decode with one core busy")
     with bench_load.busy_core():
         drain(generator([16 + WARMUP_TOKENS]), [job(single[:16], WARMUP_TOKENS)])  # the thread policy adapts
@@ -536,7 +539,7 @@ def _worker_main(side: str, cfg_path: str, out_path: str) -> int:
     global _SCHED_AT_START
     _SCHED_AT_START = _sched_times()
     result = SIDES[side](cfg)
-    result["threads"] = torch.get_num_threads()
+    result.setdefault("threads", torch.get_num_threads())
     result.setdefault("cpu_wait_share", _cpu_wait_share(_SCHED_AT_START))
     Path(out_path).write_text(json.dumps(result))
     return 0
