@@ -57,8 +57,8 @@ def can_keep_blocks(
     return cpu_blocks.supports(type_name, device, dtype, num_cols, num_rows)
 
 
-# A weight's file blocks -> (the layout the kernel reads, its type name): ggml's 32-value types repacked 16
-# rows at a time ("Q4_0x16", kernels/torch_ref/gguf_repack.py), the K-quants as they are. Once, at load.
+# A weight's file blocks -> (the layout the kernel reads, its type name): every type with a kernel repacked 16
+# rows at a time ("Q4_0x16", "Q4_Kx16": kernels/torch_ref/gguf_repack.py), the same size. Once, at load.
 pack_blocks = cpu_blocks.pack
 
 

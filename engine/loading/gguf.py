@@ -372,7 +372,7 @@ def _check_types(path: Path, tensors: list[Any], gguf: Any) -> None:
         raise ModelLoadError(
             f"{path}: tensor {bad[0].name} is stored as {', '.join(kinds)}, which the gguf package "
             f"(version {getattr(gguf, '__version__', 'installed')}) cannot dequantize. Use a GGUF quantized "
-            "as F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or Q2_K..Q6_K, or update the gguf package."
+            "as F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL or IQ4_XS, or update the gguf package."
         )
 
 

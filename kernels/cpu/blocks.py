@@ -1,5 +1,5 @@
 """Linear layers over GGUF blocks for bfloat16 x, through the C kernels: kquant_matmul.c for the K-quants
-(Q4_K, Q5_K, Q6_K: super-blocks of 256 values), block32_matmul.c for ggml's 32-value types (Q4_0, Q4_1, Q5_0,
+(Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS: super-blocks of 256 values), block32_matmul.c for ggml's 32-value types (Q4_0, Q4_1, Q5_0,
 Q5_1, Q8_0, IQ4_NL). Both read weights repacked at load 16 rows at a time (`pack`; the layout is
 kernels/torch_ref/gguf_repack.py's, named by the type with "x16" after it, the same size as the file's).
 
@@ -42,6 +42,9 @@ TYPES = {
     "Q4_Kx16": _Type("kquant_matmul", 12, 256, 144, 16),
     "Q5_Kx16": _Type("kquant_matmul", 13, 256, 176, 16),
     "Q6_Kx16": _Type("kquant_matmul", 14, 256, 210, 16),
+    "Q2_Kx16": _Type("kquant_matmul", 10, 256, 84, 16),
+    "Q3_Kx16": _Type("kquant_matmul", 11, 256, 110, 16),
+    "IQ4_XSx16": _Type("kquant_matmul", 23, 256, 136, 16),
 }
 # No dense path for prompts: the kernels beat expanding the weight to bfloat16 and one dense matmul at every
 # size measured (kquant_matmul.c and block32_matmul.c give the figures), and every row stays independent of

@@ -1,5 +1,5 @@
-/* bfloat16 x [rows, k] times a GGUF K-quant weight [n, k] (transposed): Q4_K and Q6_K (llama.cpp's Q4_K_M mix)
-   and Q5_K, in super-blocks of 256 values. k may be any multiple of 256, n any multiple of 16.
+/* bfloat16 x [rows, k] times a GGUF K-quant weight [n, k] (transposed): Q4_K and Q6_K (llama.cpp's Q4_K_M mix),
+   Q2_K, Q3_K, Q5_K and IQ4_XS, in super-blocks of 256 values. k may be any multiple of 256, n any multiple of 16.
 
    The weight comes repacked 16 rows at a time ("x16", kernels/torch_ref/gguf_repack.py has the layout, the
    same size as the file's): per group of 16 rows and super-block column, each field of the 16 blocks
@@ -11,11 +11,19 @@
    Q5_K (176 B): as Q4_K with 32 B of fifth bits (bit j of byte l: value l of sub-block j), q in 0..31.
    Q6_K (210 B): 128 B of low nibbles, 64 B of high 2-bit pairs, 16 int8 scales for sub-blocks of 16, d.
    w = d * scale[j] * (q - 32), q in 0..63.
+   Q2_K (84 B): 16 scale bytes (scale low nibble, min high), 64 B of 2-bit q (value 128h + 32s + l: bits 2s of
+   byte 32h + l), d, dmin. w = d * scale[j] * q - dmin * min[j], sub-blocks of 16.
+   Q3_K (110 B): 32 B of third bits (value 32j + l: bit j of byte l), 64 B of 2-bit q as Q2_K's, 12 bytes of
+   sixteen 6-bit scales, d. w = d * (scale[j] - 32) * (q - 4), q = 2-bit q + 4 * third bit.
+   IQ4_XS (136 B): d, 8 six-bit scales (2 high bits in a uint16, 4 low in nibbles), 16 B of nibbles per
+   sub-block of 32 (low: values 0..15, high: 16..31). w = d * (scale[j] - 32) * KVALUES[q].
+   Each is d' * (u - o) (+ a min) with u an unsigned byte, as vpdpbusd wants: o = 32 (Q6_K), 4 (Q3_K), 128
+   (IQ4_XS, its levels plus 128), taken off as o times the sub-block's sum of xq.
 
    The 8-bit path (AVX512-VNNI, as llama.cpp does for these types): each row of x is quantized to int8 per 256
    values (dx = max|x| / 127, xq = round(x / dx), to nearest even); each vpdpbusd sums a quad of q times
    the quad of xq (broadcast) for 16 weight rows; a sub-block's int32 sums become float once, times
-   d * scale * dx. Q4_K's mins and Q6_K's -32 come in from each sub-block's sum of xq. A first version
+   d * scale * dx. Mins and offsets come in from each sub-block's sum of xq. A first version
    multiplied exact bfloat16 x with q made bfloat16 (AVX512-BF16 dot products): 2.1x slower on a [8192, 2048]
    Q4_K weight, since unpacking nibbles to 16-bit words cost more than the products. Then the 8-bit path read
    the file's own layout row by row, with a horizontal sum per output; the x16 layout took one row of a
@@ -37,18 +45,35 @@
 #include "f16.h"
 #include "prefetch.h"
 
-enum { TYPE_Q4_K = 12, TYPE_Q5_K = 13, TYPE_Q6_K = 14 }; /* ggml's type numbers */
+enum { TYPE_Q2_K = 10, TYPE_Q3_K = 11, TYPE_Q4_K = 12, TYPE_Q5_K = 13, TYPE_Q6_K = 14, TYPE_IQ4_XS = 23 }; /* ggml's */
 enum { QK = 256, GROUP = 16 };
 
 static int block_bytes(int type) {
-    return type == TYPE_Q4_K ? 144 : type == TYPE_Q5_K ? 176 : type == TYPE_Q6_K ? 210 : 0;
+    switch (type) {
+    case TYPE_Q2_K: return 84;
+    case TYPE_Q3_K: return 110;
+    case TYPE_Q4_K: return 144;
+    case TYPE_Q5_K: return 176;
+    case TYPE_Q6_K: return 210;
+    case TYPE_IQ4_XS: return 136;
+    default: return 0;
+    }
 }
+
+/* values per sub-block (one scale) */
+static int sub_block(int type) { return type == TYPE_Q2_K || type == TYPE_Q3_K || type == TYPE_Q6_K ? 16 : 32; }
 
 /* Where each field of a tile starts (see gguf_repack.py's LAYOUTS). */
 enum {
     QKT_D = 0, QKT_DMIN = 32, QKT_SCALES = 64, QKT_MASKS = 256, /* Q4_K and Q5_K */
     Q6T_D = 0, Q6T_SCALES = 32, Q6T_QL = 288, Q6T_QH = 2336,
+    Q2T_D = 0, Q2T_DMIN = 32, Q2T_SCALES = 64, Q2T_QS = 320,
+    Q3T_D = 0, Q3T_SCALES = 32, Q3T_QS = 224, Q3T_HMASK = 1248,
+    IXT_D = 0, IXT_SCALES_H = 32, IXT_SCALES_L = 64, IXT_QS = 128,
 };
+
+/* IQ4_XS's 16 levels (ggml's kvalues_iq4nl) plus 128, so they are unsigned bytes: 1 .. 241. */
+static const uint8_t KVALUES_U8[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
 static inline int qk_qs(int type) { return type == TYPE_Q5_K ? 768 : 256; }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -59,12 +84,12 @@ static inline int qk_qs(int type) { return type == TYPE_Q5_K ? 768 : 256; }
 typedef struct {
     int8_t *xq;  /* [rows, k] */
     float *dx;   /* [rows, blocks] */
-    int32_t *xs; /* [rows, blocks, 16]: sum of xq per sub-block (Q4_K/Q5_K: 8 of 32, Q6_K: 16 of 16) */
+    int32_t *xs; /* [rows, blocks, 16]: sum of xq per sub-block (8 of 32 or 16 of 16, as the type's scales) */
 } Quantized;
 
 static void quantize_rows(int type, const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k, Quantized *q) {
     const int64_t blocks = k / QK;
-    const int sub = type == TYPE_Q6_K ? 16 : 32;
+    const int sub = sub_block(type);
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t b = 0; b < blocks; b++) {
             const uint16_t *xb = x + r * x_stride + b * QK;
@@ -188,6 +213,101 @@ static inline __attribute__((always_inline)) void tile_q6k(const uint8_t *t, int
     }
 }
 
+/* The int32 sums of n quads u[0 .. n - 1] times xq[0 .. 4n - 1] for 16 weight rows, in two chains for latency. */
+static inline __m512i dot_quads(const __m512i *u, const int8_t *xq, int n) {
+    __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+    for (int quad = 0; quad < n; quad += 2) {
+        even = _mm512_dpbusd_epi32(even, u[quad], bcast4(xq + 4 * quad));
+        odd = _mm512_dpbusd_epi32(odd, u[quad + 1], bcast4(xq + 4 * quad + 4));
+    }
+    return _mm512_add_epi32(even, odd);
+}
+
+/* Q2_K and Q3_K (`three`): the 2-bit q of value 128h + 32s + l is bits 2s of byte 32h + l, and Q3_K's third bit
+   bit 4h + s of hmask byte l. Sub-blocks of 16: 8h + 2s and 8h + 2s + 1. */
+static inline __attribute__((always_inline)) void tile_q23k(const int three, const uint8_t *t, int64_t b,
+                                                            int64_t blocks, const Quantized *q, int64_t k,
+                                                            int64_t first, int64_t rows, __m512 *acc) {
+    const __m512i two_bits = _mm512_set1_epi8(3), one_bit = _mm512_set1_epi8(1);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)t)); /* Q2T_D == Q3T_D == 0 */
+    __m512 dmin = _mm512_setzero_ps(), minus[MAX_ROWS];
+    __m512i scales[4]; /* Q3_K: scale j is byte j % 4 of lane word j / 4 */
+    if (three) {
+        const __m512i w0 = _mm512_loadu_si512(t + Q3T_SCALES), w1 = _mm512_loadu_si512(t + Q3T_SCALES + 64),
+                      w2 = _mm512_loadu_si512(t + Q3T_SCALES + 128);
+        const __m512i m4 = _mm512_set1_epi32(0x0f0f0f0f), m2 = _mm512_set1_epi32(0x03030303);
+        const __m512i low[4] = {_mm512_and_si512(w0, m4), _mm512_and_si512(w1, m4),
+                                _mm512_and_si512(_mm512_srli_epi32(w0, 4), m4), _mm512_and_si512(_mm512_srli_epi32(w1, 4), m4)};
+        for (int i = 0; i < 4; i++)
+            scales[i] = _mm512_or_si512(low[i], _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w2, 2 * i), m2), 4));
+    } else {
+        dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(t + Q2T_DMIN)));
+        for (int64_t r = 0; r < rows; r++) minus[r] = _mm512_setzero_ps();
+    }
+    const uint8_t *qs = t + (three ? Q3T_QS : Q2T_QS);
+    for (int h = 0; h < 2; h++) {
+        for (int s = 0; s < 4; s++) {
+            __m512i u[8];
+            for (int quad = 0; quad < 8; quad++) {
+                u[quad] = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(qs + 64 * (8 * h + quad)), 2 * s), two_bits);
+                if (three) {
+                    const __m512i hm = _mm512_loadu_si512(t + Q3T_HMASK + 64 * quad);
+                    u[quad] = _mm512_or_si512(u[quad], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hm, 4 * h + s), one_bit), 2));
+                }
+            }
+            for (int half = 0; half < 2; half++) {
+                const int j = 8 * h + 2 * s + half;
+                __m512 scale, min = _mm512_setzero_ps();
+                if (three) {
+                    scale = _mm512_mul_ps(d, _mm512_sub_ps(lane_byte(scales[j / 4], j % 4), _mm512_set1_ps(32.0f)));
+                } else {
+                    const __m512i sm = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(t + Q2T_SCALES + 16 * j)));
+                    scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(sm, _mm512_set1_epi32(15))));
+                    min = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(sm, 4)));
+                }
+                for (int64_t r = 0; r < rows; r++) {
+                    const int64_t row = first + r, rb = row * blocks + b;
+                    __m512i dot = dot_quads(u + 4 * half, q->xq + row * k + b * QK + 16 * j, 4);
+                    if (three) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(4 * q->xs[rb * 16 + j])); /* q - 4 */
+                    const __m512 dx = _mm512_set1_ps(q->dx[rb]);
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale, dx), acc[r]);
+                    if (!three) minus[r] = _mm512_fmadd_ps(min, _mm512_set1_ps(q->dx[rb] * (float)q->xs[rb * 16 + j]), minus[r]);
+                }
+            }
+        }
+    }
+    if (!three)
+        for (int64_t r = 0; r < rows; r++) acc[r] = _mm512_sub_ps(acc[r], minus[r]);
+}
+
+static inline __attribute__((always_inline)) void tile_iq4xs(const uint8_t *t, int64_t b, int64_t blocks,
+                                                             const Quantized *q, int64_t k, int64_t first,
+                                                             int64_t rows, __m512 *acc) {
+    const __m512i low4 = _mm512_set1_epi8(15);
+    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)KVALUES_U8));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(t + IXT_D)));
+    const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(t + IXT_SCALES_H)));
+    const __m512i low = _mm512_loadu_si512(t + IXT_SCALES_L);
+    for (int j = 0; j < 8; j++) {
+        __m512i u[8];
+        for (int quad = 0; quad < 4; quad++) {
+            const __m512i v = _mm512_loadu_si512(t + IXT_QS + 64 * (4 * j + quad));
+            u[quad] = _mm512_shuffle_epi8(table, _mm512_and_si512(v, low4));
+            u[quad + 4] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
+        }
+        const __m512i ls = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(low, 4 * j), _mm512_set1_epi32(15)),
+                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high, 2 * j), _mm512_set1_epi32(3)), 4));
+        const __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(ls, _mm512_set1_epi32(32))));
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t row = first + r, rb = row * blocks + b;
+            /* the levels came in plus 128: 128 * the sub-block's sum of xq comes off in int32 */
+            const __m512i dot = _mm512_sub_epi32(dot_quads(u, q->xq + row * k + b * QK + 32 * j, 8),
+                                                 _mm512_set1_epi32(128 * q->xs[rb * 16 + j]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale, _mm512_set1_ps(q->dx[rb])), acc[r]);
+        }
+    }
+}
+
 static void group_q8(int type, const uint8_t *tiles, int64_t blocks, const Quantized *q, int64_t k, int64_t first,
                      int64_t rows, __m512 *acc) {
     const int64_t tile_bytes = (int64_t)GROUP * block_bytes(type);
@@ -195,12 +315,14 @@ static void group_q8(int type, const uint8_t *tiles, int64_t blocks, const Quant
         const uint8_t *t = tiles + b * tile_bytes;
         /* see PREFETCH_BYTES; prefetches past the end never fault */
         for (int64_t line = 0; line < tile_bytes; line += 64) _mm_prefetch((const char *)t + PREFETCH_BYTES + line, _MM_HINT_T0);
-        if (type == TYPE_Q4_K)
-            tile_q45k(0, t, b, blocks, q, k, first, rows, acc);
-        else if (type == TYPE_Q5_K)
-            tile_q45k(1, t, b, blocks, q, k, first, rows, acc);
-        else
-            tile_q6k(t, b, blocks, q, k, first, rows, acc);
+        switch (type) {
+        case TYPE_Q2_K: tile_q23k(0, t, b, blocks, q, k, first, rows, acc); break;
+        case TYPE_Q3_K: tile_q23k(1, t, b, blocks, q, k, first, rows, acc); break;
+        case TYPE_Q4_K: tile_q45k(0, t, b, blocks, q, k, first, rows, acc); break;
+        case TYPE_Q5_K: tile_q45k(1, t, b, blocks, q, k, first, rows, acc); break;
+        case TYPE_Q6_K: tile_q6k(t, b, blocks, q, k, first, rows, acc); break;
+        default: tile_iq4xs(t, b, blocks, q, k, first, rows, acc); break;
+        }
     }
 }
 
@@ -251,8 +373,51 @@ static inline void q4k_scale_min(const uint8_t *s, int j, int *scale, int *min) 
     }
 }
 
+/* Byte l (0..31) of row i in a field of quads starting at `field`. */
+static inline int quad_byte(const uint8_t *field, int i, int l) { return field[64 * (l / 4) + 4 * i + l % 4]; }
+
 /* Row i's 256 values of a tile, in float32 as ggml dequantizes them. */
 static void tile_row(int type, const uint8_t *t, int i, float *w) {
+    if (type == TYPE_Q2_K || type == TYPE_Q3_K) {
+        const int three = type == TYPE_Q3_K;
+        const float d = read_f16(t + 2 * i);
+        int scales[16];
+        if (three) { /* the twelve bytes as three words, unpacked as ggml does */
+            uint32_t a[3];
+            for (int word = 0; word < 3; word++) memcpy(a + word, t + Q3T_SCALES + 64 * word + 4 * i, 4);
+            const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
+            const uint32_t unpacked[4] = {(a[0] & m4) | ((a[2] & m2) << 4), (a[1] & m4) | (((a[2] >> 2) & m2) << 4),
+                                          ((a[0] >> 4) & m4) | (((a[2] >> 4) & m2) << 4),
+                                          ((a[1] >> 4) & m4) | (((a[2] >> 6) & m2) << 4)};
+            for (int j = 0; j < 16; j++) scales[j] = (int)((unpacked[j / 4] >> (8 * (j % 4))) & 0xff) - 32;
+        } else {
+            for (int j = 0; j < 16; j++) scales[j] = t[Q2T_SCALES + 16 * j + i];
+        }
+        const float dmin = three ? 0.0f : read_f16(t + Q2T_DMIN + 2 * i);
+        for (int v = 0; v < QK; v++) {
+            const int h = v / 128, s = (v % 128) / 32, l = v % 32, j = v / 16;
+            int q = (quad_byte(t + (three ? Q3T_QS : Q2T_QS) + 512 * h, i, l) >> (2 * s)) & 3;
+            if (three) {
+                q += 4 * ((quad_byte(t + Q3T_HMASK, i, l) >> (4 * h + s)) & 1) - 4;
+                w[v] = d * (float)scales[j] * (float)q;
+            } else {
+                w[v] = d * (float)(scales[j] & 15) * (float)q - dmin * (float)(scales[j] >> 4);
+            }
+        }
+        return;
+    }
+    if (type == TYPE_IQ4_XS) {
+        const float d = read_f16(t + IXT_D + 2 * i);
+        const int high = t[IXT_SCALES_H + 2 * i] | t[IXT_SCALES_H + 2 * i + 1] << 8;
+        uint32_t low;
+        memcpy(&low, t + IXT_SCALES_L + 4 * i, 4);
+        for (int v = 0; v < QK; v++) {
+            const int j = v / 32, l = v % 16, byte = quad_byte(t + IXT_QS + 256 * j, i, l);
+            const int scale = (int)(((low >> (4 * j)) & 15) | (((high >> (2 * j)) & 3) << 4)) - 32;
+            w[v] = d * (float)scale * (float)((int)KVALUES_U8[(v % 32) < 16 ? byte & 15 : byte >> 4] - 128);
+        }
+        return;
+    }
     if (type == TYPE_Q6_K) {
         const float d = read_f16(t + Q6T_D + 2 * i);
         for (int v = 0; v < QK; v++) {

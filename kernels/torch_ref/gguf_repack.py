@@ -23,6 +23,10 @@ The tables below give each type's fields in tile order, with where they sit in t
                  2c + 1 high, quads 8c .. 8c + 7)
     Q5_K         as Q4_K with 64 masks before qs: [c][half][q], bit 4r + t = bit 2c + half of qh byte 4q + t
     Q6_K         d | 16 int8 scales as 16 one-byte words ([j][r]) | ql[128] in 32 quads | qh[64] in 16 quads
+    Q2_K         d | dmin | 16 scale bytes as one-byte words ([j][r]) | qs[64] in 16 quads
+    Q3_K         d | the 12 scale bytes as 3 words | qs[64] in 16 quads | hmask[32] in 8 quads
+    IQ4_XS       d | the 2 high-scale-bit bytes as a half | the 4 low-scale-nibble bytes as one word | qs[128] in
+                 32 quads (sub-block j: quads 4j .. 4j + 3, low nibbles values 4q + t, high 16 + 4q + t)
 
 Tiles are stored [rows / 16, blocks per row * 16 * block bytes] uint8: a group's tiles one after another.
 Rows must come in whole groups of 16 (every vocabulary and projection size of the supported models does).
@@ -68,6 +72,9 @@ LAYOUTS: dict[str, tuple[Field, ...]] = {
     "Q4_K": (_half(0), _half(2), _words(4, 12), _words(16, 128)),
     "Q5_K": (_half(0), _half(2), _words(4, 12), Field(16, 32, *_QK_MASKS, bits=True), _words(48, 128)),
     "Q6_K": (_half(208), _words(192, 16, 1), _words(0, 128), _words(128, 64)),
+    "Q2_K": (_half(80), _half(82), _words(0, 16, 1), _words(16, 64)),
+    "Q3_K": (_half(108), _words(96, 12), _words(32, 64), _words(0, 32)),
+    "IQ4_XS": (_half(0), _half(2), _words(4, 4), _words(8, 128)),
 }
 
 

@@ -2,7 +2,7 @@
 rows at a time) against gguf's own dequantization of the file's blocks.
 
 Tried: weights of random valid blocks of every type with a kernel (negative and positive d and m, every fifth
-and high bit, int8 q of both signs, all 16 IQ4_NL levels), 1 to 131 rows (tiles of 16 with remainders, more
+and high bit, every Q2_K/Q3_K scale and min, every IQ4_XS scale, int8 q of both signs, all 16 IQ4_NL levels), 1 to 131 rows (tiles of 16 with remainders, more
 than one chunk of weight rows), rows of 1 to 8 super-blocks and, for the 32-value types, odd block counts
 (32, 96, 576 values), 3-D x, a bias, x with all-zero blocks. Each row's result must not depend on the rows
 beside it. They must decline float32 x, types without a kernel, a wrong row size and non-contiguous blocks.
@@ -32,6 +32,9 @@ F16_FIELDS = {
     "Q4_K": (0, 2),
     "Q5_K": (0, 2),
     "Q6_K": (208,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "IQ4_XS": (0,),
 }
 TYPES = list(F16_FIELDS)
 BLOCK32 = [t for t in TYPES if gguf_blocks.BLOCKS[t][0] == 32]
@@ -124,7 +127,7 @@ def test_declines_what_it_cannot_read():
     x = torch.ones(1, 256, dtype=torch.bfloat16)
     assert cpu_blocks.linear(x.float(), cpu_blocks.pack(blocks, "Q4_K")[0], "Q4_Kx16") is None  # float32 x
     tiles, packed = cpu_blocks.pack(blocks, "Q4_K")
-    assert cpu_blocks.linear(x, tiles, "Q3_Kx16") is None  # no kernel for the type
+    assert cpu_blocks.linear(x, tiles, "IQ2_XXSx16") is None  # no kernel for the type
     assert cpu_blocks.linear(x, blocks, "Q4_K") is None  # the file's layout is not what the kernel reads
     assert cpu_blocks.linear(x, tiles, "Q6_Kx16") is None  # Q4_K's tiles are not Q6_K's
     assert cpu_blocks.linear(x, tiles[:, :100], packed) is None  # not a whole row of tiles
@@ -139,7 +142,7 @@ def test_declines_what_it_cannot_read():
     assert not cpu_blocks.supports("Q4_0", "cpu", torch.bfloat16, 48, 64)  # not whole blocks
     assert not cpu_blocks.supports("Q4_0", "cpu", torch.bfloat16, 64, 40)  # not whole groups of 16 rows
     assert not cpu_blocks.supports("Q6_K", "cpu", torch.bfloat16, 256, 40)
-    assert not cpu_blocks.supports("Q3_K", "cpu", torch.bfloat16, 256, 64)
+    assert not cpu_blocks.supports("IQ2_XXS", "cpu", torch.bfloat16, 256, 64)
 
 
 @pytest.mark.parametrize("type_name", TYPES)

@@ -26,6 +26,7 @@ F16_FIELDS = {
     "Q5_K": (0, 2),
     "Q6_K": (208,),
     "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
 }
 
 # A small byte-level BPE vocabulary (GPT-2 kind): specials, lowercase letters, a space marker, merges.
@@ -104,7 +105,7 @@ def write_gguf(
 
     Names from gguf's own tensor name map, llama q/k rows permuted, 1-D tensors and norms as F32,
     output.weight only when embeddings are untied. `qtype` is any type gguf.quants can quantize; a
-    K-quant or IQ4_NL writes valid random blocks instead (gguf cannot quantize to them). `skip` leaves
+    K-quant, IQ4_NL or IQ4_XS writes valid random blocks instead (gguf cannot quantize to them). `skip` leaves
     GGUF tensors out, `replace` writes other data under a GGUF name, `raw_types` writes random
     blocks of another type under a GGUF name, `drop_metadata` leaves keys out: for the bad-input tests.
     """
@@ -180,7 +181,7 @@ def write_gguf(
         elif qt == gguf.GGMLQuantizationType.F16:
             out.written[name] = data
             writer.add_tensor(name, data.astype(np.float16))
-        elif qtype.endswith("_K") or qtype == "IQ4_NL":
+        elif qtype.endswith("_K") or qtype.startswith("IQ4_"):
             blocks = random_blocks(data.shape[0], data.shape[1], qtype, rng)
             out.written[name] = blocks
             writer.add_tensor(name, blocks, raw_dtype=qt)

@@ -2,7 +2,7 @@
 BlockWeight, embedding.py, kernels/torch_ref/gguf_repack.py).
 
 Tried: a Q4_K llama with a Q6_K v projection beside Q4_K q and k (llama.cpp's Q4_K_M mix, so the fused qkv
-holds two types, q and k joined), Q5_K, ggml's six 32-value types, tied and untied heads, a vocabulary whose
+holds two types, q and k joined), Q5_K, Q2_K, Q3_K and IQ4_XS beside other K-quants, ggml's six 32-value types, tied and untied heads, a vocabulary whose
 odd size is no whole number of 16-row groups (its table expanded), float32 (expanded: the kernels read
 bfloat16 x only). Q4_K_M, Q4_0 and Q8_0 files from tools/make_bench_model.py give logits close to the same
 file expanded to bfloat16 at load, with the tied head sharing the table's buffer; resident memory after
@@ -171,6 +171,25 @@ def test_q5_k_stays_in_its_blocks(gguf_kit):
     ids = torch.tensor(PROMPT)
     assert torch.equal(ours.embed(ids), Model.load(written.path, quantized=None).embed(ids))
     assert torch.isfinite(logits(ours, PROMPT)).all()
+
+
+@pytest.mark.parametrize(("qtype", "head"), [("Q2_K", "Q4_K"), ("Q3_K", "Q5_K"), ("IQ4_XS", "Q6_K")])
+def test_low_bit_k_quants_stay_in_their_blocks(gguf_kit, qtype, head):
+    # Q2_K and Q3_K files (llama.cpp's Q2_K, Q3_K_S/M/L mixes put Q4_K/Q5_K/Q6_K beside them) and IQ4_XS:
+    # every projection read by the kernel in its blocks, whatever type each part has
+    model = gguf_kit.model("LlamaForCausalLM", tie_word_embeddings=False, **LLAMA)
+    written = gguf_kit.write(model, qtype, raw_types={"blk.0.attn_v.weight": head, "blk.1.ffn_down.weight": head})
+    ours = Model.load(written.path)
+    assert ours.model.layers[0].self_attn.qkv_proj.block_types == [qtype + "x16", head + "x16"]
+    assert ours.model.layers[1].mlp.down_proj.block_types == [head + "x16"]
+    assert ours.model.layers[0].mlp.down_proj.block_types == [qtype + "x16"]
+    expanded = Model.load(written.path, quantized=None)
+    ids = torch.tensor(PROMPT)
+    assert torch.equal(ours.embed(ids), expanded.embed(ids))
+    ours_logits, want = logits(ours, PROMPT).float(), logits(expanded, PROMPT).float()
+    assert torch.isfinite(ours_logits).all()
+    # x quantized to 8 bits per 256 values (the kernels' path) against exact bfloat16 products: close, not equal
+    assert torch.nn.functional.cosine_similarity(ours_logits.flatten(), want.flatten(), dim=0) > 0.99
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"])
