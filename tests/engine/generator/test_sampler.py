@@ -308,6 +308,20 @@ def test_candidate_order_is_logit_then_lowest_id(width: int) -> None:
         assert order[row].tolist() == expected
 
 
+@pytest.mark.parametrize("width", [1, 50, 64])
+def test_candidate_order_of_bfloat16_logits_is_the_stable_sort(width: int) -> None:
+    # logits rounded to bfloat16 (as the model's head gives them) tie at the cut in most rows; the rows differ
+    # in how many ids tie there, and each row's order is its own whatever rows come with it
+    g = torch.Generator().manual_seed(width)
+    logits = (torch.randn(5, 49152, generator=g) * 3).to(torch.bfloat16).float()
+    logits[1, 100:400] = logits[1].max()  # 300 ids tied at the top
+    logits[3, :] = 0.0  # one tie across the whole row
+    order = steps.candidate_order(logits, width)
+    assert torch.equal(order, torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :width])
+    for row in range(5):
+        assert torch.equal(steps.candidate_order(logits[row : row + 1], width)[0], order[row])
+
+
 def test_fast_top_k_path_with_ties_draws_like_reference() -> None:
     s = neutral(top_k=3, temperature=0.7)
     for vocab_size in (5, 37, 300):
