@@ -13,6 +13,8 @@ from kernels.cpu import blocks as cpu_blocks
 from kernels.cpu import build as cpu_build
 from kernels.cpu import elementwise as cpu_elementwise
 from kernels.cpu import int4 as cpu_int4
+from kernels.cpu import plan as cpu_plan
+from kernels.cpu.plan import Plan
 from kernels.torch_ref import activation, attention, gguf_blocks, gguf_repack, norm, quant, rope
 
 dispatch.register("write_kv", attention.write_kv, reference=True)
@@ -74,6 +76,23 @@ def block_rows(blocks: torch.Tensor, type_name: str, ids: torch.Tensor) -> tuple
 def block_num_rows(blocks: torch.Tensor, type_name: str) -> int:
     """The weight rows a blocks tensor holds (16 per row of repacked tiles)."""
     return blocks.shape[0] * (gguf_repack.GROUP if type_name.endswith(gguf_repack.SUFFIX) else 1)
+
+
+def decode_plan() -> Plan | None:
+    """An empty plan to record a decode step's C kernel calls into (kernels/cpu/plan.py), or None where the ops
+    would not run the C kernels (TANDEM_FORCE_REFERENCE, or no compiler): a plan must compute what they do."""
+    if any(getattr(fn, "__tandem_reference__", False) for fn in dispatch.candidates("rms_norm")[:1]):
+        return None
+    return Plan() if cpu_build.load("elementwise") is not None else None
+
+
+# The argument lists of the C kernels, bound once to a plan's buffers: the same ones the ops above use.
+bind_linear_blocks = cpu_blocks.bind_linear
+bind_rms_norm = cpu_elementwise.bind_rms_norm
+bind_rope = cpu_elementwise.bind_rope
+bind_silu_and_mul = cpu_elementwise.bind_silu_and_mul
+bind_paged_decode = cpu_attention.bind_decode
+PlanError = cpu_plan.PlanError
 
 
 # Build the C kernels ahead of the first CPU forward (kernels/cpu/build.py); a no-op once they are cached.

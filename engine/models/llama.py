@@ -6,8 +6,10 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
+from engine.models import decode_plan
 from engine.models.base import Model
 from engine.models.batch import Batch
+from engine.models.decode_plan import DecodePlan
 from engine.models.embedding import Embedding
 from engine.models.layers import Attention, GatedMLP, RMSNorm
 from engine.models.linear import Linear
@@ -77,15 +79,36 @@ class LlamaForCausalLM(Model):
     def tie_weights(self) -> None:
         self.lm_head.tie_to(self.model.embed_tokens.table)
 
+    def _decode_plan(self, batch: Batch, inputs: torch.Tensor) -> DecodePlan | None:
+        """The recorded decode step for this batch's row count (engine/models/decode_plan.py), made on first
+        use; None where the step or the model is not covered. Plans are kept for one cache at a time, so a
+        cache the app has let go is not held alive by them."""
+        if not decode_plan.covers(batch, inputs):
+            return None
+        plans = self.__dict__.setdefault("_decode_plans", {})
+        rows = len(batch.query_lens)
+        plan = plans.get(rows, False)
+        if plan is not False and (plan is None or plan.fits(batch)):
+            return plan
+        if any(p is not None and p.cache is not batch.cache for p in plans.values()):
+            plans.clear()
+        pages = max(batch.cache.num_pages, batch.block_tables.shape[1])
+        plans[rows] = plan = DecodePlan.record(self, batch.cache, rows, pages)
+        return plan
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
 
     def forward(self, inputs: torch.Tensor, positions: torch.Tensor, batch: Batch) -> torch.Tensor:
         x = self.embed(inputs) if not inputs.is_floating_point() else inputs.to(self.dtype)
         cos, sin = self.rope.lookup(positions, max(batch.seq_lens_host), x.dtype)
-        residual = None
-        for layer in self.model.layers:
-            x, residual = layer(x, residual, cos, sin, batch)
+        plan = self._decode_plan(batch, inputs)
+        if plan is not None:
+            x, residual = plan.run(x, cos, sin, batch)
+        else:
+            residual = None
+            for layer in self.model.layers:
+                x, residual = layer(x, residual, cos, sin, batch)
         if batch.logits_indices is not None:
             x, residual = x[batch.logits_indices], residual[batch.logits_indices]
         x, _ = self.model.norm(x, residual)

@@ -92,20 +92,25 @@ def paged_attention(
         tables = tables.repeat_interleave(torch.tensor(query_lens, dtype=torch.int64), dim=0)
         ends = zip(query_lens, seq_lens_host)
         lens = torch.tensor([end - n + j + 1 for n, end in ends for j in range(n)], dtype=torch.int64)
-    tables = tables.contiguous()
     out = torch.empty_like(q)
-    sizes = [q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], sliding_window or 0]
-    status = fn(
-        *_cache_pointers(q, k_cache, v_cache, out),
-        tables.data_ptr(),
-        tables.stride(0),
-        lens.data_ptr(),
-        *sizes,
-        scale,
-        _DTYPES[k_cache.dtype],
-        torch.get_num_threads(),
+    call = bind_decode(
+        q, k_cache, v_cache, out, tables.contiguous(), lens, scale, sliding_window, torch.get_num_threads()
     )
-    return out if status == 0 else None
+    return out if call is not None and call[0](*call[1]) == 0 else None
+
+
+def bind_decode(q, k_cache, v_cache, out, tables, lens, scale: float, sliding_window: int | None, threads):
+    """The decode kernel and its arguments: one query row of q [rows, q heads, head_dim] (contiguous, the
+    cache's dtype) per row of `tables` [rows, pages] and `lens` [rows] (int64, contiguous), into out like q;
+    or None. A call returns 0 when done. Kept by kernels/cpu/plan.py to replay a decode step."""
+    fn = _kernel()
+    if fn is None or not _handles(q, k_cache, v_cache, _DTYPES) or q.dtype != k_cache.dtype or not q.is_contiguous():
+        return None
+    if not out.is_contiguous() or tables.stride(1) != 1 or not lens.is_contiguous() or tables.dtype != torch.int64:
+        return None
+    sizes = (q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], sliding_window or 0)
+    args = (*_cache_pointers(q, k_cache, v_cache, out), tables.data_ptr(), tables.stride(0), lens.data_ptr())
+    return fn, (*args, *sizes, scale, _DTYPES[k_cache.dtype], threads)
 
 
 def _split(

@@ -15,6 +15,7 @@ next candidate runs.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -103,35 +104,36 @@ def linear(
 ) -> torch.Tensor | None:
     if x.device.type != "cpu" or x.dtype != torch.bfloat16 or x.dim() < 1:
         return None
-    num_cols = x.shape[-1]
-    if not _blocks_ok(blocks, type_name, num_cols):
-        return None
     if bias is not None and (bias.dtype != x.dtype or bias.device.type != "cpu"):
         return None
-    rows = x.reshape(-1, num_cols)
-    kind = TYPES[type_name]
-    fn = _matmul(kind.source)
-    if fn is None or rows.shape[0] == 0:
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    if rows.shape[0] == 0 or not _blocks_ok(blocks, type_name, rows.shape[1]):
         return None
-    rows = rows.contiguous()
-    num_rows = blocks.shape[0] * kind.group
-    out = torch.empty(rows.shape[0], num_rows, dtype=x.dtype)
-    status = fn(
-        kind.number,
-        rows.data_ptr(),
-        rows.stride(0),
-        blocks.data_ptr(),
-        out.data_ptr(),
-        out.stride(0),
-        rows.shape[0],
-        num_rows,
-        num_cols,
-        torch.get_num_threads(),
-    )
-    if status != 0:
+    out = torch.empty(rows.shape[0], blocks.shape[0] * TYPES[type_name].group, dtype=x.dtype)
+    call = bind_linear(rows, blocks, type_name, out, torch.get_num_threads())
+    if call is None or call[0](*call[1]) != 0:
         return None
-    out = out.reshape(*x.shape[:-1], num_rows)
+    out = out.reshape(*x.shape[:-1], out.shape[1])
     return out if bias is None else out + bias
+
+
+def bind_linear(
+    x: torch.Tensor, blocks: torch.Tensor, type_name: str, out: torch.Tensor, threads: int | ctypes.c_int64
+) -> tuple[Callable[..., int], tuple] | None:
+    """The kernel and its arguments for out [rows, N] = x [rows, K] @ W.T, both bfloat16 with unit column
+    strides (out may be a column slice of a wider buffer), or None where it does not apply. A call returns 0
+    when done. Kept by kernels/cpu/plan.py to replay a decode step."""
+    kind = TYPES.get(type_name)
+    if kind is None or x.dim() != 2 or out.dim() != 2 or x.stride(1) != 1 or out.stride(1) != 1:
+        return None
+    if x.dtype != torch.bfloat16 or out.dtype != torch.bfloat16 or not _blocks_ok(blocks, type_name, x.shape[1]):
+        return None
+    num_rows = blocks.shape[0] * kind.group
+    fn = _matmul(kind.source)
+    if fn is None or out.shape != (x.shape[0], num_rows):
+        return None
+    args = (kind.number, x.data_ptr(), x.stride(0), blocks.data_ptr(), out.data_ptr(), out.stride(0))
+    return fn, (*args, x.shape[0], num_rows, x.shape[1], threads)
 
 
 def _blocks_ok(blocks: torch.Tensor, type_name: str, num_cols: int) -> bool:

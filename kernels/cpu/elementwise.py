@@ -7,6 +7,7 @@ Each takes its op for bfloat16 CPU tensors whose last axis is contiguous and ret
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import torch
 
@@ -42,36 +43,59 @@ def rms_norm(
     res = None if residual is None else _rows(residual)
     if rows is None or (residual is not None and (res is None or residual.shape != x.shape)):
         return None
-    width = rows.shape[1]
+    out = torch.empty(rows.shape, dtype=x.dtype)
+    summed = None if residual is None else torch.empty(rows.shape, dtype=x.dtype)
+    call = bind_rms_norm(rows, res, summed, weight, eps, out, torch.get_num_threads())
+    if call is None:
+        return None
+    call[0](*call[1])
+    return out.view(x.shape), None if summed is None else summed.view(x.shape)
+
+
+def bind_rms_norm(x, residual, summed, weight, eps: float, out, threads) -> tuple[Callable, tuple] | None:
+    """The kernel and its arguments for out = RMSNorm(x + residual) * weight (summed = x + residual) on 2-D
+    bfloat16 rows with unit last strides, or None. Kept by kernels/cpu/plan.py to replay a decode step."""
+    width = x.shape[1]
     if weight.dtype != torch.bfloat16 or weight.shape != (width,) or not weight.is_contiguous() or width > _MAX_WIDTH:
+        return None
+    if out.stride(1) != 1 or (summed is not None and summed.stride(1) != 1):
         return None
     fn = _kernel("rms_norm_bf16")
     if fn is None:
         return None
-    out = torch.empty(x.shape, dtype=x.dtype)
-    summed = None if residual is None else torch.empty(x.shape, dtype=x.dtype)
-    fn(
-        rows.data_ptr(),
-        rows.stride(0),
-        None if res is None else res.data_ptr(),
-        0 if res is None else res.stride(0),
+    args = (
+        x.data_ptr(),
+        x.stride(0),
+        None if residual is None else residual.data_ptr(),
+        0 if residual is None else residual.stride(0),
         None if summed is None else summed.data_ptr(),
         weight.data_ptr(),
         out.data_ptr(),
-        rows.shape[0],
+        x.shape[0],
         width,
         eps,
-        torch.get_num_threads(),
+        threads,
     )
-    return out, summed
+    return fn, args
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
     if x.device.type != "cpu" or x.dtype != torch.bfloat16 or x.dim() != 3:
         return None
+    out = torch.empty(x.shape, dtype=x.dtype)
+    call = bind_rope(x, cos, sin, out, torch.get_num_threads())
+    if call is None:
+        return None
+    call[0](*call[1])
+    return out
+
+
+def bind_rope(x, cos, sin, out, threads) -> tuple[Callable, tuple] | None:
+    """The kernel and its arguments for rotating x [tokens, heads, head_dim] (heads packed, tokens at any
+    stride) into a contiguous out of the same shape, or None."""
     tokens, heads, head_dim = x.shape
     rot = cos.shape[-1]
-    if x.stride(2) != 1 or x.stride(1) != head_dim or rot % 2 or rot > head_dim:
+    if x.stride(2) != 1 or x.stride(1) != head_dim or rot % 2 or rot > head_dim or not out.is_contiguous():
         return None
     for table in (cos, sin):
         if table.dtype != torch.bfloat16 or table.shape != (tokens, rot) or not table.is_contiguous():
@@ -79,8 +103,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     fn = _kernel("rope_bf16")
     if fn is None:
         return None
-    out = torch.empty(x.shape, dtype=x.dtype)
-    fn(
+    return fn, (
         x.data_ptr(),
         x.stride(0),
         cos.data_ptr(),
@@ -90,19 +113,25 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
         heads,
         head_dim,
         rot,
-        torch.get_num_threads(),
+        threads,
     )
-    return out
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
     rows = _rows(x)
     if rows is None or rows.shape[1] % 2:
         return None
-    fn = _kernel("silu_and_mul_bf16")
-    if fn is None:
+    out = torch.empty(*x.shape[:-1], rows.shape[1] // 2, dtype=x.dtype)
+    call = bind_silu_and_mul(rows, out.view(rows.shape[0], -1), torch.get_num_threads())
+    if call is None:
         return None
-    half = rows.shape[1] // 2
-    out = torch.empty(*x.shape[:-1], half, dtype=x.dtype)
-    fn(rows.data_ptr(), rows.stride(0), out.data_ptr(), rows.shape[0], half, torch.get_num_threads())
+    call[0](*call[1])
     return out
+
+
+def bind_silu_and_mul(x, out, threads) -> tuple[Callable, tuple] | None:
+    """The kernel and its arguments for out [rows, n] = silu(x[:, :n]) * x[:, n:], x [rows, 2n], or None."""
+    fn = _kernel("silu_and_mul_bf16")
+    if fn is None or not out.is_contiguous() or x.stride(1) != 1:
+        return None
+    return fn, (x.data_ptr(), x.stride(0), out.data_ptr(), x.shape[0], x.shape[1] // 2, threads)

@@ -1,0 +1,169 @@
+"""Decode steps of Llama-family decoders replayed as a recorded list of C kernel calls (kernels/cpu/plan.py).
+
+A step where every sequence adds one token is the same ~10 kernel calls per layer each time, on tensors of the
+same shapes; only the token embeddings, rotary rows, page tables, lengths and cache slots change. The plan
+records those calls once per row count, bound to buffers it owns, and a step refills the inputs and replays
+them. The starter's greedy decode went from 123 to 284 tok/s with it (8.1 to 3.5 ms a step), a 1B Q4_K_M
+file's from 62 to 72 (the README's benchmark has the side-by-side figures).
+
+Each call is the one the layer's modules would make, with the same arguments (the ops' own `bind_*`
+functions), so a planned step gives the same bits as `DecoderLayer.forward`; tests/engine/models/
+test_decode_plan.py holds it to that. A model or batch the plan does not cover (float or int4 weights,
+biases, q/k norms, CUDA, prompt tokens in the batch, TANDEM_FORCE_REFERENCE) takes the modules as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.models.batch import Batch
+from kernels import ops
+
+MAX_ROWS = 32  # decode rows a plan is recorded for; larger batches are arithmetic-bound anyway
+
+
+@dataclass
+class _Inputs:
+    x: torch.Tensor  # [rows, hidden] the token embeddings
+    cos: torch.Tensor  # [rows, rotary dims]
+    sin: torch.Tensor
+    tables: torch.Tensor  # [rows, pages] int64
+    lens: torch.Tensor  # [rows] int64
+    pages: torch.Tensor  # [rows] int64: each new token's cache page and offset in it
+    offsets: torch.Tensor
+
+
+class DecodePlan:
+    """One row count's recorded step over one cache. `run` returns (hidden, residual) after the last layer."""
+
+    def __init__(self, plan: ops.Plan, inputs: _Inputs, out: tuple[torch.Tensor, torch.Tensor], cache, rows: int):
+        self._plan, self._in, self._out, self.cache, self.rows = plan, inputs, out, cache, rows
+
+    @classmethod
+    def record(cls, model, cache, rows: int, pages: int) -> DecodePlan | None:
+        """A plan for `rows` one-token sequences of up to `pages` pages each in `cache`, or None where one
+        of the model's layers is not covered."""
+        plan = ops.decode_plan()
+        config = model.config
+        if plan is None or model.dtype != torch.bfloat16 or cache.dtype != torch.bfloat16 or cache.device.type != "cpu":
+            return None
+        hidden, rot = config.hidden_size, model.rope.inv_freq.numel() * 2
+        inputs = _Inputs(
+            x=plan.buffer(rows, hidden),
+            cos=plan.buffer(rows, rot),
+            sin=plan.buffer(rows, rot),
+            tables=plan.buffer(rows, pages, dtype=torch.int64),
+            lens=plan.buffer(rows, dtype=torch.int64),
+            pages=plan.buffer(rows, dtype=torch.int64),
+            offsets=plan.buffer(rows, dtype=torch.int64),
+        )
+        x, residual = inputs.x, None
+        for index, layer in enumerate(model.model.layers):
+            out = _record_layer(plan, layer, cache.k[index], cache.v[index], inputs, x, residual)
+            if out is None:
+                return None
+            x, residual = out
+        return cls(plan, inputs, (x, residual), cache, rows)
+
+    def fits(self, batch: Batch) -> bool:
+        return batch.cache is self.cache and batch.block_tables.shape[1] <= self._in.tables.shape[1]
+
+    def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: Batch):
+        inputs = self._in
+        inputs.x.copy_(x)
+        inputs.cos.copy_(cos)
+        inputs.sin.copy_(sin)
+        inputs.tables[:, : batch.block_tables.shape[1]].copy_(batch.block_tables)
+        inputs.lens.copy_(batch.seq_lens)
+        torch.div(batch.slot_mapping, self.cache.page_size, rounding_mode="floor", out=inputs.pages)
+        torch.remainder(batch.slot_mapping, self.cache.page_size, out=inputs.offsets)
+        self._plan.run()
+        return self._out
+
+
+def covers(batch: Batch, inputs: torch.Tensor) -> bool:
+    """True for a step a plan can take: 1 to MAX_ROWS sequences adding one token each, on the CPU."""
+    rows = len(batch.query_lens)
+    return (
+        0 < rows <= MAX_ROWS
+        and batch.num_tokens == rows
+        and inputs.device.type == "cpu"
+        and (batch.logits_indices is None or batch.logits_indices.shape[0] == rows)
+    )
+
+
+def _record_layer(plan, layer, k_cache, v_cache, inputs: _Inputs, x, residual):
+    """Append one DecoderLayer's calls; returns its (output, residual) buffers, or None if not covered."""
+    attn, mlp = layer.self_attn, layer.mlp
+    if attn.q_norm is not None or type(mlp).__name__ != "GatedMLP":
+        return None
+    rows, threads = x.shape[0], plan.threads
+    # the first layer's residual is its input (DecoderLayer.forward); later ones add the previous output
+    h = plan.buffer(rows, x.shape[1])
+    summed = None if residual is None else plan.buffer(rows, x.shape[1])
+    if not plan.add(
+        ops.bind_rms_norm(x, residual, summed, layer.input_layernorm.weight, layer.input_layernorm.eps, h, threads)
+    ):
+        return None
+    residual = x if residual is None else summed
+    heads, kv_heads, dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    qkv = _record_linear(plan, attn.qkv_proj, h)
+    if qkv is None:
+        return None
+    q_size, kv_size = heads * dim, kv_heads * dim
+    q, k = plan.buffer(rows, heads, dim), plan.buffer(rows, kv_heads, dim)
+    v = qkv[:, q_size + kv_size :].view(rows, kv_heads, dim)
+    if not (
+        plan.add(ops.bind_rope(qkv[:, :q_size].view(rows, heads, dim), inputs.cos, inputs.sin, q, threads))
+        and plan.add(
+            ops.bind_rope(
+                qkv[:, q_size : q_size + kv_size].view(rows, kv_heads, dim), inputs.cos, inputs.sin, k, threads
+            )
+        )
+    ):
+        return None
+
+    def write_kv(pages=inputs.pages, offsets=inputs.offsets) -> None:  # as the twin writes a CPU cache
+        k_cache.index_put_((pages, offsets), k)
+        v_cache.index_put_((pages, offsets), v)
+
+    plan.add_python(write_kv)
+    o = plan.buffer(rows, heads, dim)
+    window = attn.sliding_window
+    if not plan.add(
+        ops.bind_paged_decode(q, k_cache, v_cache, o, inputs.tables, inputs.lens, attn.scale, window, threads)
+    ):
+        return None
+    attn_out = _record_linear(plan, attn.o_proj, o.view(rows, q_size))
+    if attn_out is None:
+        return None
+    h2, summed2 = plan.buffer(rows, x.shape[1]), plan.buffer(rows, x.shape[1])
+    norm = layer.post_attention_layernorm
+    if not plan.add(ops.bind_rms_norm(attn_out, residual, summed2, norm.weight, norm.eps, h2, threads)):
+        return None
+    gate_up = _record_linear(plan, mlp.gate_up_proj, h2)
+    if gate_up is None:
+        return None
+    act = plan.buffer(rows, gate_up.shape[1] // 2)
+    if not plan.add(ops.bind_silu_and_mul(gate_up, act, threads)):
+        return None
+    down = _record_linear(plan, mlp.down_proj, act)
+    return None if down is None else (down, summed2)
+
+
+def _record_linear(plan, linear, x: torch.Tensor) -> torch.Tensor | None:
+    """Append a projection held in GGUF blocks (one call per part, each writing its columns of one buffer,
+    which is what Linear.forward's concatenation holds); None for float or int4 weights, or a bias."""
+    if not linear.block_types or linear.bias is not None:
+        return None
+    parts = [(getattr(linear, f"blocks{i}"), t) for i, t in enumerate(linear.block_types)]
+    out = plan.buffer(x.shape[0], linear.out_features)
+    start = 0
+    for blocks, type_name in parts:
+        width = ops.block_num_rows(blocks, type_name)
+        if not plan.add(ops.bind_linear_blocks(x, blocks, type_name, out[:, start : start + width], plan.threads)):
+            return None
+        start += width
+    return out if start == linear.out_features else None

@@ -1,0 +1,118 @@
+"""Recorded decode steps (engine/models/decode_plan.py) give the same bits as the layers' modules.
+
+Tried: Q4_K_M, Q4_0 and Q8_0 files from tools/make_bench_model.py (a fused qkv of two types, Q6_K beside Q4_K;
+32-value types), 1, 3 and 7 rows, sequences crossing page boundaries (pages of 16), steps after a new cache,
+the thread count changed between steps; and what a plan must leave to the modules: float weights, a batch
+with prompt tokens, TANDEM_FORCE_REFERENCE. The starter's greedy answers
+with and without plans are compared in tests/engine/generator/test_batch_invariance.py's runs too (every
+decode step there goes through a plan).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import Cache, Model
+from engine.models import decode_plan
+from engine.models.batch import Batch
+from kernels.cpu import blocks as cpu_blocks
+
+_SPEC = importlib.util.spec_from_file_location(
+    "make_bench_model", Path(__file__).resolve().parents[3] / "tools" / "make_bench_model.py"
+)
+bench_model = importlib.util.module_from_spec(_SPEC)
+sys.modules[_SPEC.name] = bench_model
+_SPEC.loader.exec_module(bench_model)
+
+TINY = {"hidden": 256, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64, "ffn_hidden": 512, "context_length": 2048}
+
+pytestmark = pytest.mark.skipif(
+    not cpu_blocks.supports("Q4_K", "cpu", torch.bfloat16, 256, 16), reason="needs a C compiler for the block kernels"
+)
+
+
+@pytest.fixture(scope="module", params=["Q4_K_M", "Q4_0", "Q8_0"])
+def model(request, tmp_path_factory, starter_gguf):
+    path = tmp_path_factory.mktemp("plan") / f"tiny-{request.param}.gguf"
+    bench_model.write_bench_model(path, request.param, num_layers=3, tokenizer_gguf=starter_gguf, **TINY)
+    return Model.load(path)
+
+
+def decode(model: Model, cache: Cache, tables, past, tokens, planned: bool, monkeypatch) -> torch.Tensor:
+    """One decode step (each sequence adds one token) through a plan or through the modules."""
+    with monkeypatch.context() as m:
+        if not planned:
+            m.setattr(decode_plan, "covers", lambda batch, inputs: False)
+        batch = Batch.build(cache, tables, past, [1] * len(past))
+        with torch.inference_mode():
+            return model(torch.tensor(tokens), batch.positions(), batch)
+
+
+def prefill(model: Model, cache: Cache, tables, prompts) -> None:
+    batch = Batch.build(cache, tables, [0] * len(prompts), [len(p) for p in prompts])
+    with torch.inference_mode():
+        model(torch.tensor([t for p in prompts for t in p]), batch.positions(), batch)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 7])
+def test_a_planned_step_equals_the_modules(model, rows, monkeypatch):
+    g = torch.Generator().manual_seed(rows)
+    prompts = [
+        torch.randint(0, 1000, (int(n),), generator=g).tolist() for n in torch.randint(5, 40, (rows,), generator=g)
+    ]
+    caches = [Cache(model, max_seq_len=1024, page_size=16) for _ in range(2)]
+    tables = [list(range(4 * i, 4 * i + 4)) for i in range(rows)]  # 64 tokens each: steps cross page ends
+    for cache in caches:
+        prefill(model, cache, tables, prompts)
+    past = [len(p) for p in prompts]
+    for step in range(12):
+        tokens = torch.randint(0, 1000, (rows,), generator=g).tolist()
+        planned = decode(model, caches[0], tables, past, tokens, True, monkeypatch)
+        plain = decode(model, caches[1], tables, past, tokens, False, monkeypatch)
+        assert torch.equal(planned, plain), step
+        past = [p + 1 for p in past]
+        if step == 5:
+            torch.set_num_threads(1)  # the thread policy's move: read at the next step
+    torch.set_num_threads(2)
+    plan = model.__dict__["_decode_plans"][rows]
+    assert plan is not None and plan.cache is caches[0]
+    for k, k_plain in zip(caches[0].k, caches[1].k):
+        assert torch.equal(k, k_plain)  # the cache rows it wrote too
+
+
+def test_a_new_cache_gets_a_new_plan_and_lets_the_old_one_go(model, monkeypatch):
+    tables, prompts = [[0, 1]], [[5, 6, 7]]
+    first = Cache(model, max_seq_len=256, page_size=16)
+    prefill(model, first, tables, prompts)
+    decode(model, first, tables, [3], [9], True, monkeypatch)
+    second = Cache(model, max_seq_len=512, page_size=16)
+    prefill(model, second, tables, prompts)
+    decode(model, second, tables, [3], [9], True, monkeypatch)
+    assert all(p is None or p.cache is second for p in model.__dict__["_decode_plans"].values())
+
+
+def test_a_batch_with_prompt_tokens_takes_the_modules(model):
+    cache = Cache(model, max_seq_len=256, page_size=16)
+    mixed = Batch.build(cache, [[0], [1]], [3, 0], [1, 5])
+    assert not decode_plan.covers(mixed, torch.zeros(6, dtype=torch.int64))
+    assert decode_plan.covers(Batch.build(cache, [[0], [1]], [3, 4], [1, 1]), torch.zeros(2, dtype=torch.int64))
+
+
+def test_models_a_plan_does_not_cover_record_none(tiny_folder):
+    # float weights (a Hugging Face folder): the projections are not GGUF blocks
+    model = Model.load(tiny_folder, dtype=torch.bfloat16)
+    cache = Cache(model, max_seq_len=256, page_size=16)
+    assert decode_plan.DecodePlan.record(model, cache, 1, cache.num_pages) is None
+
+
+def test_force_reference_turns_plans_off(model, monkeypatch):
+    from kernels import dispatch
+
+    monkeypatch.setattr(dispatch, "_force_reference", True)
+    cache = Cache(model, max_seq_len=256, page_size=16)
+    assert decode_plan.DecodePlan.record(model, cache, 1, cache.num_pages) is None
