@@ -8,12 +8,14 @@ file's from 62 to 72 (the README's benchmark has the side-by-side figures).
 
 Each call is the one the layer's modules would make, with the same arguments (the ops' own `bind_*`
 functions), so a planned step gives the same bits as `DecoderLayer.forward`; tests/engine/models/
-test_decode_plan.py holds it to that. A model or batch the plan does not cover (float or int4 weights,
-biases, q/k norms, CUDA, prompt tokens in the batch, TANDEM_FORCE_REFERENCE) takes the modules as before.
+test_decode_plan.py holds it to that. Llama, Mistral, Qwen2 (q/k/v biases) and Qwen3 (q/k norms) layers are
+covered; a model or batch the plan does not cover (float or int4 weights, Gemma 3's layers, CUDA, prompt
+tokens in the batch, TANDEM_FORCE_REFERENCE) takes the modules as before.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -68,7 +70,7 @@ class DecodePlan:
         return cls(plan, inputs, (x, residual), cache, rows)
 
     def fits(self, batch: Batch) -> bool:
-        return batch.cache is self.cache and batch.block_tables.shape[1] <= self._in.tables.shape[1]
+        return batch.block_tables.shape[1] <= self._in.tables.shape[1]
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: Batch):
         inputs = self._in
@@ -81,6 +83,13 @@ class DecodePlan:
         torch.remainder(batch.slot_mapping, self.cache.page_size, out=inputs.offsets)
         self._plan.run()
         return self._out
+
+
+def plans_for(model, cache) -> dict[int, DecodePlan | None]:
+    """The plans of `model` over `cache`, by row count (None: not covered). They are kept on the cache, which
+    they write into, so they go when it goes; a truncated draft (a shallow copy of the model) has its own."""
+    by_model = cache.__dict__.setdefault("_decode_plans", weakref.WeakKeyDictionary())
+    return by_model.setdefault(model, {})
 
 
 def covers(batch: Batch, inputs: torch.Tensor) -> bool:
@@ -97,7 +106,7 @@ def covers(batch: Batch, inputs: torch.Tensor) -> bool:
 def _record_layer(plan, layer, k_cache, v_cache, inputs: _Inputs, x, residual):
     """Append one DecoderLayer's calls; returns its (output, residual) buffers, or None if not covered."""
     attn, mlp = layer.self_attn, layer.mlp
-    if attn.q_norm is not None or type(mlp).__name__ != "GatedMLP":
+    if type(mlp).__name__ != "GatedMLP":
         return None
     rows, threads = x.shape[0], plan.threads
     # the first layer's residual is its input (DecoderLayer.forward); later ones add the previous output
@@ -113,15 +122,17 @@ def _record_layer(plan, layer, k_cache, v_cache, inputs: _Inputs, x, residual):
     if qkv is None:
         return None
     q_size, kv_size = heads * dim, kv_heads * dim
-    q, k = plan.buffer(rows, heads, dim), plan.buffer(rows, kv_heads, dim)
+    q_in = qkv[:, :q_size].view(rows, heads, dim)
+    k_in = qkv[:, q_size : q_size + kv_size].view(rows, kv_heads, dim)
     v = qkv[:, q_size + kv_size :].view(rows, kv_heads, dim)
+    if attn.q_norm is not None:  # Qwen3: each head of q and k normed before rotary, a token at a time
+        q_in, k_in = _record_head_norm(plan, attn.q_norm, q_in), _record_head_norm(plan, attn.k_norm, k_in)
+        if q_in is None or k_in is None:
+            return None
+    q, k = plan.buffer(rows, heads, dim), plan.buffer(rows, kv_heads, dim)
     if not (
-        plan.add(ops.bind_rope(qkv[:, :q_size].view(rows, heads, dim), inputs.cos, inputs.sin, q, threads))
-        and plan.add(
-            ops.bind_rope(
-                qkv[:, q_size : q_size + kv_size].view(rows, kv_heads, dim), inputs.cos, inputs.sin, k, threads
-            )
-        )
+        plan.add(ops.bind_rope(q_in, inputs.cos, inputs.sin, q, threads))
+        and plan.add(ops.bind_rope(k_in, inputs.cos, inputs.sin, k, threads))
     ):
         return None
 
@@ -153,10 +164,21 @@ def _record_layer(plan, layer, k_cache, v_cache, inputs: _Inputs, x, residual):
     return None if down is None else (down, summed2)
 
 
+def _record_head_norm(plan, norm, x: torch.Tensor) -> torch.Tensor | None:
+    """Append RMSNorm over each head of x [rows, heads, head_dim] (a view into the fused projection), one call
+    per token (the rows of one token are evenly spaced); returns the normed [rows, heads, head_dim] buffer."""
+    out = plan.buffer(*x.shape)
+    for row in range(x.shape[0]):
+        if not plan.add(ops.bind_rms_norm(x[row], None, None, norm.weight, norm.eps, out[row], plan.threads)):
+            return None
+    return out
+
+
 def _record_linear(plan, linear, x: torch.Tensor) -> torch.Tensor | None:
     """Append a projection held in GGUF blocks (one call per part, each writing its columns of one buffer,
-    which is what Linear.forward's concatenation holds); None for float or int4 weights, or a bias."""
-    if not linear.block_types or linear.bias is not None:
+    which is what Linear.forward's concatenation holds), then its bias (Qwen2's q/k/v) added in place as
+    Linear.forward adds it; None for float or int4 weights."""
+    if not linear.block_types or (linear.bias is not None and linear.bias.dtype != torch.bfloat16):
         return None
     parts = [(getattr(linear, f"blocks{i}"), t) for i, t in enumerate(linear.block_types)]
     out = plan.buffer(x.shape[0], linear.out_features)
@@ -166,4 +188,13 @@ def _record_linear(plan, linear, x: torch.Tensor) -> torch.Tensor | None:
         if not plan.add(ops.bind_linear_blocks(x, blocks, type_name, out[:, start : start + width], plan.threads)):
             return None
         start += width
-    return out if start == linear.out_features else None
+    if start != linear.out_features:
+        return None
+    if linear.bias is not None:
+        bias = linear.bias
+
+        def add_bias() -> None:
+            torch.add(out, bias, out=out)
+
+        plan.add_python(add_bias)
+    return out

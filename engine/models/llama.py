@@ -81,19 +81,15 @@ class LlamaForCausalLM(Model):
 
     def _decode_plan(self, batch: Batch, inputs: torch.Tensor) -> DecodePlan | None:
         """The recorded decode step for this batch's row count (engine/models/decode_plan.py), made on first
-        use; None where the step or the model is not covered. Plans are kept for one cache at a time, so a
-        cache the app has let go is not held alive by them."""
+        use; None where the step or the model is not covered."""
         if not decode_plan.covers(batch, inputs):
             return None
-        plans = self.__dict__.setdefault("_decode_plans", {})
+        plans = decode_plan.plans_for(self, batch.cache)
         rows = len(batch.query_lens)
         plan = plans.get(rows, False)
-        if plan is not False and (plan is None or plan.fits(batch)):
-            return plan
-        if any(p is not None and p.cache is not batch.cache for p in plans.values()):
-            plans.clear()
-        pages = max(batch.cache.num_pages, batch.block_tables.shape[1])
-        plans[rows] = plan = DecodePlan.record(self, batch.cache, rows, pages)
+        if plan is False or (plan is not None and not plan.fits(batch)):
+            pages = max(batch.cache.num_pages, batch.block_tables.shape[1])
+            plans[rows] = plan = DecodePlan.record(self, batch.cache, rows, pages)
         return plan
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,12 @@ def _rows(x: torch.Tensor) -> torch.Tensor | None:
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    # Per-head q/k norms (Qwen3) see [tokens, heads, head_dim] views of the fused projection, whose rows are not
+    # evenly spaced past one token: a copy lets every row count take the kernel, so a token's norm is the same
+    # whether it comes alone or with others.
     rows = _rows(x)
+    if rows is None and x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() >= 1 and x.stride(-1) == 1:
+        rows = x.reshape(-1, x.shape[-1])
     res = None if residual is None else _rows(residual)
     if rows is None or (residual is not None and (res is None or residual.shape != x.shape)):
         return None

@@ -73,6 +73,19 @@ def test_silu_and_mul(rows):
     assert (got != want).float().mean() < 0.001
 
 
+def test_head_norms_of_a_fused_projection_take_the_kernel_at_any_token_count():
+    # Qwen3's q norm sees [tokens, heads, head_dim] inside the fused q/k/v rows: past one token its rows are not
+    # evenly spaced, and each token must be normed as it would be alone
+    qkv = randn(3, 4 * 64 + 2 * 2 * 64)
+    q = qkv[:, : 4 * 64].view(3, 4, 64)
+    weight = randn(64)
+    together, _ = cpu.rms_norm(q, weight, 1e-6)
+    assert together.shape == q.shape
+    for token in range(3):
+        alone, _ = cpu.rms_norm(q[token : token + 1], weight, 1e-6)
+        assert torch.equal(together[token], alone[0])
+
+
 def test_declines_what_it_does_not_handle():
     x, weight = randn(4, 64), randn(64)
     assert cpu.rms_norm(x.float(), weight.float(), 1e-5) is None

@@ -10,8 +10,10 @@ decode step there goes through a plan).
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,14 @@ _SPEC = importlib.util.spec_from_file_location(
 bench_model = importlib.util.module_from_spec(_SPEC)
 sys.modules[_SPEC.name] = bench_model
 _SPEC.loader.exec_module(bench_model)
+
+# tests/engine/loading/conftest.py's GGUF writer, for tiny Qwen2 and Qwen3 files
+_KIT = importlib.util.spec_from_file_location(
+    "gguf_kit", Path(__file__).resolve().parents[1] / "loading" / "conftest.py"
+)
+gguf_kit = importlib.util.module_from_spec(_KIT)
+sys.modules[_KIT.name] = gguf_kit  # its dataclasses look their module up there
+_KIT.loader.exec_module(gguf_kit)
 
 TINY = {"hidden": 256, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64, "ffn_hidden": 512, "context_length": 2048}
 
@@ -79,21 +89,47 @@ def test_a_planned_step_equals_the_modules(model, rows, monkeypatch):
         if step == 5:
             torch.set_num_threads(1)  # the thread policy's move: read at the next step
     torch.set_num_threads(2)
-    plan = model.__dict__["_decode_plans"][rows]
-    assert plan is not None and plan.cache is caches[0]
+    plan = decode_plan.plans_for(model, caches[0])[rows]
+    assert plan is not None and plan.cache is caches[0] and not decode_plan.plans_for(model, caches[1])
     for k, k_plain in zip(caches[0].k, caches[1].k):
         assert torch.equal(k, k_plain)  # the cache rows it wrote too
 
 
-def test_a_new_cache_gets_a_new_plan_and_lets_the_old_one_go(model, monkeypatch):
+@pytest.mark.parametrize("architecture", ["Qwen2ForCausalLM", "Qwen3ForCausalLM"])
+def test_qwen_layers_biases_and_head_norms_equal_the_modules(architecture, tmp_path, monkeypatch):
+    # Qwen2's q/k/v biases added after the kernel, Qwen3's per-head q/k norms a token at a time
+    shape = dict(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
+    kit = gguf_kit.GGUFKit(tmp_path)
+    written = kit.write(kit.model(architecture, tie_word_embeddings=False, **shape), "Q4_0")
+    model = Model.load(written.path)
+    caches = [Cache(model, max_seq_len=256, page_size=16) for _ in range(2)]
+    tables, prompts = [[0, 1], [2, 3], [4, 5]], [[3, 9, 12], [5] * 20, [7, 8]]
+    for cache in caches:
+        prefill(model, cache, tables, prompts)
+    past = [len(p) for p in prompts]
+    for step in range(4):
+        tokens = [11 + step, 13, 17]
+        planned = decode(model, caches[0], tables, past, tokens, True, monkeypatch)
+        assert torch.equal(planned, decode(model, caches[1], tables, past, tokens, False, monkeypatch)), step
+        past = [p + 1 for p in past]
+    assert decode_plan.plans_for(model, caches[0])[3] is not None
+
+
+def test_plans_live_with_their_cache(model, monkeypatch):
     tables, prompts = [[0, 1]], [[5, 6, 7]]
     first = Cache(model, max_seq_len=256, page_size=16)
     prefill(model, first, tables, prompts)
     decode(model, first, tables, [3], [9], True, monkeypatch)
+    plan = weakref.ref(decode_plan.plans_for(model, first)[1])
     second = Cache(model, max_seq_len=512, page_size=16)
     prefill(model, second, tables, prompts)
     decode(model, second, tables, [3], [9], True, monkeypatch)
-    assert all(p is None or p.cache is second for p in model.__dict__["_decode_plans"].values())
+    assert decode_plan.plans_for(model, second)[1].cache is second
+    del first
+    gc.collect()
+    assert plan() is None  # a cache the app lets go takes its plans (and their buffers) with it
 
 
 def test_a_batch_with_prompt_tokens_takes_the_modules(model):
