@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine import bench_features, bench_load
+from engine import bench_batched, bench_features, bench_load
 
 log = logging.getLogger("engine.bench")  # not __name__: the workers run this file as __main__
 
@@ -470,7 +470,8 @@ def _transformers(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _llama_cpp(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The same GGUF in llama-cpp-python, one sequence (its high-level API has no concurrent jobs)."""
+    """The same GGUF in llama-cpp-python, one sequence (its high-level API has no concurrent jobs), then N
+    concurrent jobs through llama.cpp's own llama-batched-bench where it is found (engine/bench_batched.py)."""
     from llama_cpp import Llama
 
     out: dict[str, Any] = {"rss_after_import_mib": _peak_rss_mib()}
@@ -523,6 +524,16 @@ def _llama_cpp(cfg: dict[str, Any]) -> dict[str, Any]:
     log.info("llama.cpp: single-stream decode with one core busy")
     with bench_load.busy_core():
         out["busy_decode_tps"] = decode_tps(single)
+    tool = bench_batched.find_tool()
+    if tool is not None:
+        jobs = cfg["workload"]["jobs"]
+        mean = round(sum(len(p) for p in jobs) / len(jobs))
+        log.info("llama.cpp: %d concurrent jobs (%s, prompts of %d tokens)", len(jobs), tool.name, mean)
+        batched = bench_batched.aggregate_rate(
+            tool, cfg["model"], len(jobs), mean, new, cfg["threads"] or os.cpu_count()
+        )
+        if batched is not None:
+            out["aggregate_tps"], out["batched_prompt_tokens"] = batched["aggregate_tps"], batched["prompt_tokens"]
     return out
 
 
@@ -662,7 +673,7 @@ def _core_rows(args: argparse.Namespace, workload: dict, sides: dict[str, dict |
             f"tokens, {args.new_tokens} new each; wall time incl. prefill)",
             "ours": _fmt(ours.get("aggregate_tps"), "tok/s"),
             "transformers": _fmt(hf.get("batched_tps"), "tok/s") + (" (padded batch)" if "batched_tps" in hf else ""),
-            **({"llama.cpp": "n/a"} if cpp is not None else {}),
+            **({"llama.cpp": _batched_cell(cpp)} if cpp is not None else {}),
             "target": ">= 8x transformers single-stream",
             "result": _verdict(None if x is None else x >= 8, f"{x or 0:.2f}x"),
         }
@@ -701,6 +712,18 @@ def _core_rows(args: argparse.Namespace, workload: dict, sides: dict[str, dict |
                 "result": _verdict(None if x is None else x >= 1.0, f"{x or 0:.2f}x"),
             }
         )
+    if cpp is not None:
+        x = ratio(ours.get("aggregate_tps"), cpp.get("aggregate_tps"))
+        rows.append(
+            {
+                "metric": f"  {args.jobs} concurrent jobs against llama.cpp",
+                "ours": "",
+                "transformers": "",
+                "llama.cpp": "",
+                "target": ">= 1.5x llama.cpp",
+                "result": _verdict(None if x is None else x >= 1.5, f"{x or 0:.2f}x"),
+            }
+        )
     busy, quiet = ours.get("busy_decode_tps"), ours.get("single_decode_tps")
     kept, x = ratio(busy, quiet), ratio(busy, (cpp or {}).get("busy_decode_tps"))
     ok = None if kept is None else kept >= 0.5 and (x is None or x >= 1.5)
@@ -719,6 +742,12 @@ def _core_rows(args: argparse.Namespace, workload: dict, sides: dict[str, dict |
     row("load time", "load_s", "s")
     row("runnable time spent waiting for a CPU (other load)", "cpu_wait_share", "%")
     return rows
+
+
+def _batched_cell(cpp: dict) -> str:
+    if cpp.get("aggregate_tps") is None:
+        return f"n/a (no {bench_batched.TOOL})"
+    return f"{_fmt(cpp['aggregate_tps'], 'tok/s')} ({bench_batched.TOOL}, prompts of {cpp['batched_prompt_tokens']})"
 
 
 def format_table(rows: list[dict[str, str]]) -> str:

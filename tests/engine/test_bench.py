@@ -202,3 +202,20 @@ def test_bad_options_are_rejected_before_any_work(tiny_folder, argv, message):
 def test_missing_model_path_names_the_path(tmp_path):
     with pytest.raises(ValueError, match="nope.gguf does not exist"):
         bench.run(parse(str(tmp_path / "nope.gguf")))
+
+
+def test_llama_batched_bench_rows_give_generated_tokens_per_second_of_wall_time():
+    from engine import bench_batched
+
+    # the table llama-batched-bench 0.3.36 prints (its run on the 1B Q4_K_M file, 8 sequences)
+    output = """
+llama_batched_bench: n_kv_max = 8192, n_batch = 2048, n_ubatch = 512, flash_attn = -1, is_pp_shared = 0
+
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|   250 |    128 |    8 |   3024 |    7.509 |   266.35 |   11.099 |    92.26 |   18.608 |   162.51 |
+"""
+    got = bench_batched.parse(output, jobs=8, new=128)
+    assert got["prompt_tokens"] == 250 and abs(got["aggregate_tps"] - 8 * 128 / 18.608) < 1e-9
+    assert bench_batched.parse(output, jobs=4, new=128) is None  # not the batch size asked for
+    assert bench_batched.parse("error: failed to load model", jobs=8, new=128) is None
