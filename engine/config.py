@@ -111,20 +111,20 @@ class ModelConfig:
         # transformers >= 5 writes `rope_parameters` (with rope_theta inside) instead of `rope_scaling`.
         rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
         try:
-            hidden = int(d["hidden_size"])
-            heads = int(d["num_attention_heads"])
-            max_positions = int(d.get("max_position_embeddings", 2048))
+            hidden = _size(d, "hidden_size")
+            heads = _size(d, "num_attention_heads")
+            max_positions = _size(d, "max_position_embeddings", 2048)
             eos = d.get("eos_token_id")
-            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-            return cls(
+            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+            config = cls(
                 architecture=architecture,
-                vocab_size=int(d["vocab_size"]),
+                vocab_size=_size(d, "vocab_size"),
                 hidden_size=hidden,
-                intermediate_size=int(d["intermediate_size"]),
-                num_hidden_layers=int(d["num_hidden_layers"]),
+                intermediate_size=_size(d, "intermediate_size"),
+                num_hidden_layers=_size(d, "num_hidden_layers"),
                 num_attention_heads=heads,
-                num_key_value_heads=int(d.get("num_key_value_heads") or heads),
-                head_dim=int(d.get("head_dim") or hidden // heads),
+                num_key_value_heads=_size(d, "num_key_value_heads", heads),
+                head_dim=_size(d, "head_dim", hidden // heads),
                 rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
                 # transformers' order: the rope dict's own theta, then the flat key, then the family's default.
                 rope_theta=float(rope.get("rope_theta") or d.get("rope_theta") or default_theta),
@@ -148,6 +148,8 @@ class ModelConfig:
             ) from None
         except (TypeError, ValueError, AttributeError) as e:
             raise CorruptFileError(f"config.json has a value of the wrong type: {e}") from None
+        _check_sizes(config)
+        return config
 
     @classmethod
     def from_file(cls, path: str | Path) -> ModelConfig:
@@ -163,7 +165,60 @@ class ModelConfig:
             raise CorruptFileError(f"{path} is not valid JSON ({e}). Re-download the file.") from None
         if not isinstance(d, dict):
             raise CorruptFileError(f"{path} does not hold a JSON object. Re-download the file.")
-        return cls.from_hf_dict(d)
+        try:
+            return cls.from_hf_dict(d)
+        except ModelLoadError as e:  # name the file: several configs can be involved (a model, its draft)
+            raise type(e)(f"{path}: {e}") from None
+
+
+# Bounds on a config's sizes, checked before any module is built: a typo or a hostile file (num_hidden_layers
+# 1e9) must give an error, not allocate until memory runs out. Each is far past any released model's.
+_BOUNDS = {
+    "vocab_size": 4_194_304,
+    "hidden_size": 65_536,
+    "intermediate_size": 1_048_576,
+    "num_hidden_layers": 1_024,
+    "num_attention_heads": 1_024,
+    "num_key_value_heads": 1_024,
+    "head_dim": 4_096,
+    "max_position_embeddings": 1 << 26,
+}
+
+
+def _size(d: dict[str, Any], key: str, default: int | None = None) -> int:
+    """A positive whole number from config.json (1.0 is 1; 96.7, "12", true and 0 are errors naming `key`)."""
+    value = d.get(key) if default is None else (d.get(key) or default)
+    if value is None:
+        raise KeyError(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise CorruptFileError(
+            f"config.json field {key!r} must be a whole number, got {value!r}. Fix or re-download it."
+        )
+    if not 0 < int(value) <= _BOUNDS.get(key, 1 << 62):
+        raise CorruptFileError(
+            f"config.json field {key!r} is {value!r}, outside 1..{_BOUNDS.get(key, 1 << 62):,}. "
+            "The file is damaged or not a model's config; re-download it."
+        )
+    return int(value)
+
+
+def _check_sizes(config: ModelConfig) -> None:
+    """The relations between sizes the layers rely on, and token ids inside the vocabulary."""
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    if heads % kv_heads:
+        raise CorruptFileError(
+            f"config.json: num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads}), "
+            "so the attention heads cannot be grouped. The file is damaged; re-download it."
+        )
+    for field_name, ids in (("eos_token_id", config.eos_token_ids), ("bos_token_id", (config.bos_token_id,))):
+        for token in ids:
+            if token is None:
+                continue
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < config.vocab_size:
+                raise CorruptFileError(
+                    f"config.json field {field_name!r} is {token!r}, but token ids run from 0 to "
+                    f"{config.vocab_size - 1} (vocab_size {config.vocab_size}). Fix or re-download the file."
+                )
 
 
 @dataclass(frozen=True)

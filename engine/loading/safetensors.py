@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
 
@@ -21,7 +21,18 @@ def _shards(folder: Path) -> list[Path]:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise CorruptFileError(f"{index} is not a valid safetensors index ({e}). Re-download it.") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(n, str) for n in weight_map.values()):
+            raise CorruptFileError(f"{index} is not a valid safetensors index (its weight_map must name files).")
         shards = [folder / name for name in dict.fromkeys(weight_map.values())]
+        for name in dict.fromkeys(weight_map.values()):
+            # An index is data from the download: a name like "../x.safetensors" or an absolute path must not
+            # make the loader read a file outside the model's folder. Checked on the name, not the resolved
+            # path: Hugging Face's cache links each file to a blob outside the snapshot folder.
+            if PurePosixPath(name).is_absolute() or Path(name).is_absolute() or ".." in PurePosixPath(name).parts:
+                raise CorruptFileError(
+                    f"{index} names {name!r}, which is outside the model folder; an index may only name files "
+                    "inside it. The folder is damaged or was made to mislead: download it again from its source."
+                )
         for shard in shards:
             if not shard.is_file():
                 raise MissingFileError(f"{index} lists {shard.name}, which is missing. Download the whole folder.")

@@ -107,7 +107,9 @@ class Model(nn.Module):
                         f"the checkpoint has no tensor {src!r} (needed for {self.config.architecture}). "
                         "The checkpoint is incomplete or is not of this architecture."
                     )
-                parts.append(tensors[src])
+                part = tensors[src]
+                _check_part(src, part, param, joined=len(self.checkpoint_names(name)) > 1)
+                parts.append(part)
             value = _combine(parts, self.get_submodule(name.rsplit(".", 1)[0]) if "." in name else self)
             if len(parts) > 1:  # joined into a new tensor: drop the parts, or the load's peak holds both copies
                 for src in self.checkpoint_names(name):  # (a 1B Q4_K_M file: 1,377 -> 1,202 MiB at the peak)
@@ -143,6 +145,23 @@ class Model(nn.Module):
 
     def forward(self, inputs: torch.Tensor, positions: torch.Tensor, batch: Batch) -> torch.Tensor:
         raise NotImplementedError
+
+
+def _check_part(name: str, part, param: torch.Tensor, joined: bool) -> None:
+    """A checkpoint tensor must be floating point, and one joined into a wider parameter (q, k and v; gate and
+    up) must match it past the first dimension: otherwise the join fails with torch's own message, naming
+    neither tensor."""
+    if isinstance(part, torch.Tensor) and not part.is_floating_point():
+        raise TensorMismatchError(
+            f"tensor {name!r} holds {part.dtype} values, but a weight must hold floating-point numbers. "
+            "The checkpoint is damaged or not a model's weights; download it again."
+        )
+    shape = tuple(getattr(part, "shape", ()))
+    if joined and (len(shape) != param.dim() or shape[1:] != tuple(param.shape[1:])):
+        raise TensorMismatchError(
+            f"tensor {name!r} has shape {shape}, but the config implies (..., {', '.join(map(str, param.shape[1:]))}) "
+            f"for {param.dim()} dimensions. config.json and the weights do not belong together."
+        )
 
 
 def _combine(parts: list[torch.Tensor | QuantizedWeight], module: nn.Module) -> torch.Tensor | QuantizedWeight:

@@ -257,9 +257,9 @@ def test_qwen2_vl_rope_scaling_without_rope_theta_takes_the_family_theta(tmp_pat
 # writes the shape of a top-level config always; a file without it is damaged, which must be named.)
 SHAPE = {"vocab_size": 320, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 6}
 PARTIAL_TEXT = {
-    "gemma3_text": {**SHAPE, "num_attention_heads": 2, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}},
-    "qwen2": {**SHAPE, "num_attention_heads": 8},
-    "mistral": {**SHAPE, "num_attention_heads": 4},
+    "gemma3_text": {**SHAPE, "num_attention_heads": 4, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}},
+    "qwen2": {**SHAPE, "num_attention_heads": 32},
+    "mistral": {**SHAPE, "num_attention_heads": 8},
     "llama": {**SHAPE, "num_attention_heads": 4},
 }
 ARCHITECTURES = {"gemma3_text": "Gemma3", "qwen2": "Qwen2", "mistral": "Mistral", "llama": "Llama"}

@@ -144,6 +144,70 @@ def test_shard_listed_in_index_but_missing(copy):
         Model.load(copy)
 
 
+@pytest.mark.parametrize(
+    "name", ["../outside.safetensors", "sub/../../outside.safetensors", "/tmp/outside.safetensors"]
+)
+def test_an_index_naming_a_file_outside_the_folder_is_refused(copy, name):
+    # a real safetensors file beside the folder: the index must not be able to point the loader at it
+    outside = copy.parent / "outside.safetensors"
+    shutil.copy(copy / "model.safetensors", outside)
+    weights = load_file(copy / "model.safetensors")
+    index = {"weight_map": {key: name for key in weights}}
+    (copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CorruptFileError, match="outside the model folder"):
+        Model.load(copy)
+
+
+def test_an_index_in_a_linked_cache_folder_still_loads(copy, tmp_path):
+    # Hugging Face's cache: the snapshot's files are links to blobs elsewhere; names stay inside the folder
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    shutil.move(copy / "model.safetensors", blobs / "abc123")
+    (copy / "model-00001-of-00001.safetensors").symlink_to(blobs / "abc123")
+    weights = load_file(blobs / "abc123")
+    index = {"weight_map": {key: "model-00001-of-00001.safetensors" for key in weights}}
+    (copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert Model.load(copy) is not None
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("num_hidden_layers", 1e9, "'num_hidden_layers' is 1000000000.0, outside 1..1,024"),
+        ("num_attention_heads", 0, "'num_attention_heads' is 0, outside"),
+        ("hidden_size", -32, "'hidden_size' is -32, outside"),
+        ("intermediate_size", 96.7, "'intermediate_size' must be a whole number, got 96.7"),
+        ("vocab_size", "64", "'vocab_size' must be a whole number"),
+        ("num_key_value_heads", 3, r"num_attention_heads \(4\) is not a multiple of num_key_value_heads \(3\)"),
+        ("eos_token_id", 64, "'eos_token_id' is 64, but token ids run from 0 to 63"),
+    ],
+)
+def test_a_config_value_out_of_bounds_is_named_before_anything_is_built(copy, field, value, message):
+    config = json.loads((copy / "config.json").read_text())
+    config[field] = value
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=message) as caught:
+        Model.load(copy)
+    assert str(copy / "config.json") in str(caught.value)  # the file, then the field
+
+
+@pytest.mark.parametrize("name", ["model.layers.0.mlp.gate_proj.weight", "model.layers.1.self_attn.k_proj.weight"])
+def test_a_wrong_shaped_part_of_a_joined_weight_is_named(copy, name):
+    tensors = load_file(copy / "model.safetensors")
+    tensors[name] = torch.zeros(tensors[name].shape[0], 31, dtype=torch.bfloat16)
+    save_file(tensors, copy / "model.safetensors")
+    with pytest.raises(TensorMismatchError, match=rf"{name}.*\(\d+, 31\).*\(\.\.\., 32\)"):
+        Model.load(copy)
+
+
+def test_an_integer_embedding_table_is_named(copy):
+    tensors = load_file(copy / "model.safetensors")
+    tensors["model.embed_tokens.weight"] = torch.zeros(64, 32, dtype=torch.int32)
+    save_file(tensors, copy / "model.safetensors")
+    with pytest.raises(TensorMismatchError, match="model.embed_tokens.weight.*torch.int32"):
+        Model.load(copy)
+
+
 def test_a_non_gguf_file(tmp_path):
     f = tmp_path / "weights.bin"
     f.write_bytes(b"1234")

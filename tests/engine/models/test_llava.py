@@ -275,7 +275,11 @@ def test_missing_tower_tensor_is_named(pair, tmp_path):
 @pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
 def test_sparse_text_config_takes_transformers_defaults(model_type):
     # llava-1.5's config.json text_config leaves out everything equal to the defaults of its model_type.
-    text = {"model_type": model_type, "hidden_size": 64, "num_attention_heads": 4}
+    text = {
+        "model_type": model_type,
+        "hidden_size": 64,
+        "num_attention_heads": 32,
+    }  # a multiple of every default kv count
     ours = ModelConfig.from_hf_dict({"architectures": ["LlavaForConditionalGeneration"], "text_config": text})
     ref = transformers.LlavaConfig(text_config=text).text_config
     assert ours.architecture == "LlavaForConditionalGeneration"

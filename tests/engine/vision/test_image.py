@@ -274,3 +274,45 @@ def test_oriented_size_refuses_what_load_image_refuses(tmp_path):
     for bad, message in ((b"", "empty"), (b"not an image", "not an image"), (tmp_path / "gone.png", "does not exist")):
         with pytest.raises(ImageError, match=message):
             oriented_size(bad)
+
+
+def test_eps_is_refused_by_content_without_running_ghostscript(tmp_path):
+    # an EPS whose PostScript never ends (`{ } loop`): Pillow would hand it to Ghostscript; it must be refused
+    # at once, whatever the file is called
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n{ } loop\n%%EOF\n"
+    for name in ("drawing.eps", "drawing.png"):
+        (tmp_path / name).write_bytes(eps)
+        started = time.monotonic()
+        with pytest.raises(ImageError, match="formats: PNG, JPEG, WEBP, GIF, BMP, TIFF"):
+            load_image(tmp_path / name)
+        assert time.monotonic() - started < 5
+
+
+def test_a_huge_sixteen_bit_png_decodes_within_the_memory_budget(tmp_path):
+    # a valid 8192 x 7800 16-bit grayscale PNG (64M pixels, in the size limits): before strips it peaked at
+    # 1.9 GB; measured in a child process, as its peak resident memory above what it held before
+    import subprocess
+    import sys
+
+    values = np.tile(np.arange(8192, dtype=np.uint16) * 8, (7800, 1))
+    path = tmp_path / "huge16.png"
+    Image.fromarray(values).save(path, compress_level=1)
+    del values
+    measure = (
+        "import resource, sys\n"
+        "from engine.vision.image import load_image\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "image = load_image(sys.argv[1])\n"
+        "assert image.size == (8192, 7800) and image.getpixel((8191, 0))[0] == 255\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", measure, str(path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) < 900  # MiB: the 16-bit pixels (125), the 8-bit gray and RGB results, strips
+
+
+def test_an_image_over_the_decode_budget_is_refused_before_decoding():
+    # 8000 x 8000 RGBA (64M pixels): its compositing would need about 1.2 GB
+    data = _encode(Image.new("RGBA", (8000, 8000), (10, 20, 30, 128)), "PNG")
+    with pytest.raises(ImageError, match="MB to decode.*budget"):
+        load_image(data)
