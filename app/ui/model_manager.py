@@ -7,6 +7,10 @@ through queued Qt signals, so the window stays responsive while huggingface_hub 
 
 The speculation setting (off / n-gram / self-speculation draft of the first k layers) is saved in the
 store and handed to the service, which rebuilds its generator over the loaded model when it changes.
+
+The selected model's card (app/ui/model_card.py) shows what it is and the memory it needs at the chosen
+context (saved in the store). A load the service refuses for memory offers the longest context that fits;
+the model already loaded is not loaded again.
 """
 
 from __future__ import annotations
@@ -37,11 +41,13 @@ from PySide6.QtWidgets import (
 from app.service.catalog import (
     DEMO_VISION_NAME,
     demo_vision_path,
-    describe_model,
     download_from_hub,
     model_display_name,
+    model_info,
 )
+from app.service.memory_plan import DEFAULT_CONTEXT_TOKENS
 from app.service.speculation import MODE_LABELS, MODES, Speculation, load_speculation, num_layers, save_speculation
+from app.ui.model_card import ModelCard, summary
 from engine.loading.starter import STARTER_NAME, starter_path
 from engine.models.registry import supported_architectures, vision_architectures
 from engine.paths import models_dir
@@ -54,6 +60,7 @@ DEMO_KIND = "demo"
 DEMO_VISION_LABEL = f"{DEMO_VISION_NAME} (bundled, works offline)"
 _PATH_ROLE = Qt.ItemDataRole.UserRole
 _KIND_ROLE = Qt.ItemDataRole.UserRole + 1
+CONTEXT_SETTING = "model_context_tokens"  # the context models are loaded with (each capped at its own)
 MAX_DRAFT_LAYERS = 256  # the spin box's bound before a model says how many layers it has
 SPECULATION_DELAY_MS = 600  # spin-box changes settle this long before the generator is rebuilt
 SPECULATION_HELP = (
@@ -77,17 +84,10 @@ def _same_path(a: str | Path | None, b: str | Path | None) -> bool:
 def _describe(path: str) -> tuple[str, str]:
     """(one line about a model: architecture, size, format; why it cannot be read, or ""); never raises."""
     try:
-        info = describe_model(path)
+        info = model_info(path)
     except Exception as e:  # a broken file is shown in the list, not raised: the user may fix or remove it
         return "⚠ cannot be read (hover for why)", str(e)
-    parts = [str(info[k]) for k in ("architecture", "quantization", "format") if info.get(k)]
-    if info.get("size_bytes"):
-        parts.append(f"{info['size_bytes'] / 2**20:.1f} MiB")
-    if info.get("can_see_images"):
-        parts.append("sees images")
-    if info.get("supported") is False:
-        parts.append("architecture not supported yet")
-    return ", ".join(parts), ""
+    return summary(info), ""
 
 
 def supported_text() -> str:
@@ -131,13 +131,16 @@ class ModelManager(QDialog):
         self.store = store
         self.service = service
         self._pending: tuple[str, str] | None = None  # (path, name) of the load in flight
+        self._fit_offer: tuple[str, int] | None = None  # (path, context) that fits, after a memory refusal
         self._download_thread: threading.Thread | None = None
         self.setWindowTitle("Models")
-        self.resize(640, 520)
+        self.resize(920, 780)
 
         self.model_list = QListWidget()
-        self.model_list.itemDoubleClicked.connect(lambda _item: self.load_selected())
-        self.model_list.currentItemChanged.connect(lambda *_: self._update_buttons())
+        self.model_list.itemDoubleClicked.connect(self._on_double_click)
+        self.model_list.currentItemChanged.connect(lambda *_: self._selection_changed())
+        self.card = ModelCard(service)
+        self.card.context_edited.connect(lambda tokens: self.store.set_setting(CONTEXT_SETTING, tokens))
 
         self.add_folder_button = QPushButton("Add folder…")
         self.add_gguf_button = QPushButton("Add .gguf file…")
@@ -164,10 +167,16 @@ class ModelManager(QDialog):
         self.error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.error_label.setStyleSheet("color: #b00020;")
         self.error_label.hide()
+        self.fit_button = QPushButton()
+        self.fit_button.clicked.connect(self._load_offered_context)
+        self.fit_button.hide()
 
         layout = QVBoxLayout(self)
         layout.addWidget(QLabel("Models on this computer (double-click to load):"))
-        layout.addWidget(self.model_list, 1)
+        models = QHBoxLayout()
+        models.addWidget(self.model_list, 3)
+        models.addWidget(self.card, 2)
+        layout.addLayout(models, 1)
         self.supported_label = QLabel(supported_text())
         self.supported_label.setWordWrap(True)
         self.supported_label.setStyleSheet("color: palette(mid);")
@@ -176,6 +185,10 @@ class ModelManager(QDialog):
         layout.addWidget(self.status_label)
         layout.addWidget(self.progress_bar)
         layout.addWidget(self.error_label)
+        fit_row = QHBoxLayout()
+        fit_row.addWidget(self.fit_button)
+        fit_row.addStretch(1)
+        layout.addLayout(fit_row)
         layout.addWidget(self._build_speculation_box())
         layout.addWidget(self._build_download_box())
 
@@ -183,6 +196,7 @@ class ModelManager(QDialog):
         service.loading_progress.connect(self._on_loading_progress)
         service.model_loaded.connect(self._on_model_loaded)
         service.load_failed.connect(self._on_load_failed)
+        service.memory_refused.connect(self._on_memory_refused)
         self.refresh()
         if service.is_loaded:
             self.status_label.setText(f"Loaded: {service.model_name}")
@@ -268,7 +282,7 @@ class ModelManager(QDialog):
             about, problem = _describe(entry.path)
             self._add_item(f"{entry.name} [{entry.kind}] {about}", entry.path, entry.kind, loaded, problem)
         self.select_path(selected or (str(loaded) if loaded else None))
-        self._update_buttons()
+        self._selection_changed()
 
     def _add_item(self, text: str, path: str, kind: str, loaded, problem: str = "") -> None:
         if _same_path(path, loaded):
@@ -293,6 +307,29 @@ class ModelManager(QDialog):
                 self.model_list.setCurrentRow(i)
                 return True
         return False
+
+    def _selection_changed(self) -> None:
+        self._update_buttons()
+        self._show_card()
+
+    def _show_card(self) -> None:
+        """Fill the card for the selected model (its headers only; a file that cannot be read says why)."""
+        path = self.selected_path()
+        if path is None:
+            self.card.show_model(None)
+            return
+        try:
+            info = model_info(path)
+        except Exception as e:  # shown on the card; the list row already says it cannot be read
+            self.card.show_model(None, note=str(e))
+            return
+        note = "" if Path(path).exists() else "Downloaded when you load it."
+        self.card.show_model(info, self.context_setting(), note)
+
+    def context_setting(self) -> int:
+        """The context models are loaded with (each capped at its own): the last one chosen on the card."""
+        value = self.store.get_setting(CONTEXT_SETTING, DEFAULT_CONTEXT_TOKENS)
+        return value if isinstance(value, int) and value > 0 else DEFAULT_CONTEXT_TOKENS
 
     def _update_buttons(self) -> None:
         item = self.model_list.currentItem()
@@ -347,22 +384,63 @@ class ModelManager(QDialog):
             return
         self.load(path)
 
-    def load(self, path: str | Path) -> None:
-        """Start loading a listed model (the starter is fetched first if absent); progress shows below."""
+    def _on_double_click(self, item: QListWidgetItem) -> None:
+        path = item.data(_PATH_ROLE)
+        if _same_path(path, self.service.model_path):  # a double-click is "use this one", never "reload"
+            self.clear_error()
+            self.status_label.setText(f"{self.service.model_name} is already loaded.")
+            return
+        self.load(path)
+
+    def load(self, path: str | Path, context_length: int | None = None) -> None:
+        """Start loading a listed model (the starter is fetched first if absent) with `context_length` tokens
+        a chat (default: the card's context, at most the model's own); progress shows below. The model
+        already loaded at that context, or already being loaded, is not loaded again."""
         path = str(path)
+        context = context_length or self._context_for(path)
         self.clear_error()
+        if self._pending is not None and _same_path(self._pending[0], path):
+            self.status_label.setText(f"{self._pending[1]} is loading already.")
+            return
+        if _same_path(path, self.service.model_path) and context in (
+            self.service.context_request,
+            self.service.context_length,
+        ):
+            self.status_label.setText(f"{self.service.model_name} is already loaded.")
+            return
         if _same_path(path, starter_path()):
             self._pending = (path, STARTER_NAME)
-            self.service.fetch_and_load_starter()
+            self.service.fetch_and_load_starter(context)
             return
         if _same_path(path, demo_vision_path()):
             name = DEMO_VISION_NAME  # bundled: loads from disk, no network
         else:
             name = next((e.name for e in self.store.list_models() if _same_path(e.path, path)), None)
         self._pending = (path, name or model_display_name(path))
-        self.service.load_model(path, name)
+        self.service.load_model(path, name, context)
+
+    def _context_for(self, path: str) -> int:
+        """The context `path` loads with: the card's setting, at most the model's own."""
+        try:
+            own = model_info(path).context_length
+        except Exception:  # the load will say what is wrong with the file
+            own = None
+        return min(self.context_setting(), own) if own else self.context_setting()
+
+    def _on_memory_refused(self, path: str, fitting_context: int) -> None:
+        self._fit_offer = (path, fitting_context) if fitting_context > 0 else None
+
+    def _load_offered_context(self) -> None:
+        """Load the refused model again with the longest context that fits (it becomes the chosen context)."""
+        if self._fit_offer is None:
+            return
+        path, context = self._fit_offer
+        self.store.set_setting(CONTEXT_SETTING, context)
+        self.select_path(path)  # the card shows the model and its new context
+        self.load(path, context)
 
     def _on_loading_started(self, name: str) -> None:
+        self.fit_button.hide()
         self.progress_bar.show()
         self.progress_bar.setValue(0)
         self.load_button.setEnabled(False)
@@ -438,6 +516,12 @@ class ModelManager(QDialog):
         kept = f"\nThe previous model, {self.service.model_name}, is still loaded." if self.service.is_loaded else ""
         self.show_error(prefix + message + kept)
         self.status_label.setText(f"Loaded: {self.service.model_name}" if self.service.is_loaded else "")
+        offer, self._fit_offer = self._fit_offer, None
+        if offer is not None and _same_path(offer[0], path):
+            self._fit_offer = offer
+            self.fit_button.setText(f"Load with a {offer[1]:,}-token context")
+            self.fit_button.show()
+        self.card.update_memory()
 
     def show_error(self, message: str) -> None:
         log.info("model manager: %s", message)
@@ -447,6 +531,7 @@ class ModelManager(QDialog):
     def clear_error(self) -> None:
         self.error_label.clear()
         self.error_label.hide()
+        self.fit_button.hide()
 
     # --- downloading ---------------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ name the repo does not have, HF_HUB_OFFLINE=1, an unreachable endpoint.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import http.server
 import json
@@ -66,6 +67,16 @@ def test_describe_rejects_what_is_not_a_model(tmp_path, tiny_folder):
     (bad_config / "config.json").write_text("{not json")
     with pytest.raises(CorruptFileError, match="config.json"):
         describe_model(bad_config)
+
+
+def test_the_starters_catalog_card_is_the_file_itself(starter_gguf, monkeypatch, tmp_path):
+    from app.service.catalog import model_info, starter_info
+    from engine.model_info import read_model_info
+
+    assert starter_info() == dataclasses.replace(read_model_info(starter_gguf), path=starter_info().path)
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path / "fresh"))  # a machine where it is not downloaded yet
+    card = model_info(starter_info().path)
+    assert not card.path.exists() and card.quantization == "Q4_1" and card.num_parameters == 134_515_008
 
 
 def test_display_names(tmp_path):

@@ -214,8 +214,10 @@ def test_broken_models_show_the_file_and_keep_the_previous_model(run, manager, s
         assert service.model_name == "tiny" and service.model_path == tiny_folder.resolve()
         assert manager.status_label.text() == "Loaded: tiny" and manager.load_button.isEnabled()
         assert answer(run, service, 6) == before  # the previous model still answers, the same way
-    # A good load afterwards clears the error.
-    assert load_through(run, manager, tiny_folder)[0] and not manager.error_label.isVisible()
+    # Choosing the model still loaded clears the error; it is not loaded again (issue [N]).
+    load_through(run, manager, tiny_folder)
+    assert not manager.error_label.isVisible() and manager.status_label.text() == "tiny is already loaded."
+    assert service.model_path == tiny_folder.resolve() and answer(run, service, 6) == before
 
 
 def test_switching_models_stops_running_compare_jobs_cleanly(
