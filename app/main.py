@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.service import EngineService
     from app.service.speculation import load_speculation
-    from app.store import Store, StoreError
+    from app.store import StoreError
+    from app.store.recovery import open_store
     from app.ui.first_run import ModelStartup
     from app.ui.main_window import MainWindow
     from app.ui.tasks import spawn
@@ -95,13 +96,21 @@ def main(argv: list[str] | None = None) -> int:
     asyncio.set_event_loop(loop)
     try:
         try:
-            store = Store()
+            opened = open_store()  # a damaged file is moved aside and what can be read recovered
         except StoreError as e:
-            QMessageBox.critical(None, "Tandem cannot open its data", str(e))
+            print(f"tandem: {e}", file=sys.stderr)
+            if not args.quit_after_answer:  # headless runs must not wait on a dialog nobody sees
+                QMessageBox.critical(None, "Tandem cannot open its data", str(e))
             return 1
+        store = opened.store
         service = EngineService(speculation=load_speculation(store))  # the model manager's saved choice
         window = MainWindow(store, service)
         window.show()
+        if opened.notice:
+            print(f"tandem: {opened.notice}", file=sys.stderr)
+            window.show_error(opened.notice)
+            if not args.quit_after_answer:
+                _show_notice(window, "Tandem recovered its data", opened.notice)
         QTimer.singleShot(0, lambda: log.info("window shown"))  # the first turn of the loop after show()
         startup = ModelStartup(window, store, service)
         startup.start(args.model)
@@ -176,6 +185,15 @@ async def _answer_once(window: Any, startup: Any, args: argparse.Namespace, outc
     if args.quit_after_answer:
         window.close()
         QApplication.quit()
+
+
+def _show_notice(parent: Any, title: str, text: str) -> None:
+    """A warning that does not block: the window is already usable behind it."""
+    from PySide6.QtWidgets import QMessageBox
+
+    box = QMessageBox(QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok, parent)
+    box.setModal(False)
+    box.show()
 
 
 def _set_icon(app: Any) -> None:

@@ -190,3 +190,46 @@ def test_main_applies_the_saved_speculation_setting(qapp, tiny_folder, tmp_path,
     )
     assert status == 0 and "timed_out" not in seen
     assert seen["mode"] == "ngram" and "n-gram" in seen["status"]
+
+
+def test_a_damaged_database_is_recovered_and_the_app_starts(qapp, tiny_folder, tmp_path, monkeypatch, capsys):
+    # a damaged page inside the messages of a chat that was open when the app last closed: every start used to
+    # fail with "database disk image is malformed" until the file was removed by hand
+    import random
+
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path))
+    path = tmp_path / "tandem.sqlite3"
+    with Store(path) as store:
+        for c in range(3):
+            chat = store.create_chat(f"chat {c}")
+            for m in range(300):
+                store.add_message(chat.id, "user" if m % 2 == 0 else "assistant", f"{m}: " + "y" * 800)
+        store.set_setting(OPEN_TABS_KEY, [chat.id])
+    with open(path, "r+b") as f:  # one page about halfway through
+        f.seek(path.stat().st_size // 2 // 4096 * 4096)
+        f.write(random.Random(0).randbytes(4096))
+    from PySide6.QtWidgets import QMessageBox
+
+    def inspect(window):
+        boxes = [w for w in QApplication.topLevelWidgets() if isinstance(w, QMessageBox) and w.isVisible()]
+        texts = [b.text() for b in boxes]
+        for box in boxes:
+            box.close()
+        return {"notices": texts, "chats": len(window.store.list_chats())}
+
+    status, seen = run_main_until(["--model", str(tiny_folder)], inspect)
+    assert status == 0 and "timed_out" not in seen
+    assert any("damaged" in t for t in seen["notices"]) and seen["chats"] >= 1  # said, not blocking, usable
+    assert "Tandem's data file was damaged" in capsys.readouterr().err
+    assert len(list(tmp_path.glob("tandem.sqlite3.damaged-*"))) == 1  # kept beside the new file
+
+
+def test_an_unwritable_data_folder_ends_a_headless_run_with_a_message(qapp, tmp_path, monkeypatch, capsys):
+    # a file where the data folder should be: nothing can be saved, so the run ends at once, saying why (no
+    # dialog waits for a click nobody can give)
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(blocker / "data"))
+    started = time.monotonic()
+    assert main(["--prompt", "hi", "--quit-after-answer"]) == 1
+    assert "cannot create its data folder" in capsys.readouterr().err and time.monotonic() - started < 30
