@@ -168,7 +168,9 @@ class ModelConfig:
         try:
             return cls.from_hf_dict(d)
         except ModelLoadError as e:  # name the file: several configs can be involved (a model, its draft)
-            raise type(e)(f"{path}: {e}") from None
+            named = type(e)(f"{path}: {e}")
+            named.__dict__.update(e.__dict__)  # UnsupportedArchitectureError's architecture
+            raise named from None
 
 
 # Bounds on a config's sizes, checked before any module is built: a typo or a hostile file (num_hidden_layers
@@ -445,10 +447,9 @@ def _from_multimodal_dict(cls: type[ModelConfig], d: dict[str, Any], architectur
 
 
 def _raise_unsupported(architecture: str) -> None:
-    """Raise the registry's error for an architecture it lacks (its message lists the supported ones)."""
-    from engine.models.registry import model_class  # imported here: every model module imports this one
-
-    model_class(architecture)
+    """An architecture config.json names that no family here reads; the loader adds the supported list (the
+    model registry sits above this module: every model imports it)."""
+    raise UnsupportedArchitectureError(f"architecture {architecture!r} is not supported.", architecture=architecture)
 
 
 def _sliding_window(d: dict[str, Any], architecture: str) -> int | None:

@@ -24,7 +24,12 @@ class TensorMismatchError(ModelLoadError):
 
 
 class UnsupportedArchitectureError(ModelLoadError):
-    """The checkpoint names an architecture the engine has no implementation for."""
+    """The checkpoint names an architecture the engine has no implementation for (`architecture`, when known,
+    lets the loader name the supported ones beside it)."""
+
+    def __init__(self, message: str, architecture: str | None = None):
+        super().__init__(message)
+        self.architecture = architecture
 
 
 class TokenizerLoadError(ModelLoadError):

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from engine.config import ModelConfig
-from engine.errors import MissingFileError, ModelLoadError
+from engine.errors import MissingFileError, ModelLoadError, UnsupportedArchitectureError
 from engine.memory import release_freed_memory
 from engine.models.base import Model
 from engine.models.registry import model_class
@@ -80,7 +80,12 @@ def load_model(
     else:
         from engine.loading.safetensors import load_safetensors
 
-        config = ModelConfig.from_file(path / "config.json")
+        try:
+            config = ModelConfig.from_file(path / "config.json")
+        except UnsupportedArchitectureError as e:
+            if e.architecture is not None:
+                model_class(e.architecture)  # its error lists the supported architectures
+            raise
         cls = model_class(config.architecture)  # fail on an unsupported architecture before reading weights
         target = dtype or default_dtype(device, config.torch_dtype)
         tensors = load_safetensors(path, dtype=target, device=device, progress=progress)
@@ -97,3 +102,6 @@ def load_model(
         ops.prepare_cpu_kernels()  # compiled once per machine; later loads find them cached
     log.info("loaded %s (%s) from %s as %s on %s", config.architecture, model.__class__.__name__, path, target, device)
     return model
+
+
+Model._loader = load_model  # what Model.load calls (engine/models/base.py)

@@ -29,6 +29,9 @@ class Model(nn.Module):
     """
 
     architectures: ClassVar[tuple[str, ...]] = ()
+    # engine/loading/model.py's load_model, set when it is imported (engine/__init__.py does): loading sits above
+    # the models (it builds them), so the models do not import it
+    _loader: ClassVar[Callable[..., Model] | None] = None
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -51,9 +54,9 @@ class Model(nn.Module):
         directly by the matmul), None dequantizes every tensor to `dtype`, and "auto" means "int4" for
         bfloat16 on CPU and None otherwise. Safetensors folders are always loaded as float.
         """
-        from engine.loading.model import load_model
-
-        return load_model(path, device=device, dtype=dtype, progress=progress, quantized=quantized)
+        if Model._loader is None:
+            raise RuntimeError("no model loader registered: import engine (engine/loading/model.py registers it)")
+        return Model._loader(path, device=device, dtype=dtype, progress=progress, quantized=quantized)
 
     @property
     def tokenizer(self):

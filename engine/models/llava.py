@@ -20,10 +20,11 @@ from PIL import Image
 
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
-from engine.models.vision import vision_tower_class
+from engine.models.vision import read_feature_layers
 from engine.models.vision.clip import VisionConfig
 from engine.models.vision.handle import VisionHandle
 from engine.models.vision.projector import LlavaProjector
+from engine.models.vision.towers import vision_tower_class
 from engine.models.vlm import VisionLanguageModel
 
 # transformers' LlavaConfig defaults: a llava-1.5 CLIP ViT-L/14-336 tower when vision_config is absent.
@@ -121,24 +122,3 @@ class LlavaVision(VisionHandle):
 
     def num_image_tokens(self, height: int, width: int) -> int:
         return self.model.tokens_per_image
-
-
-def read_feature_layers(value: Any, num_layers: int) -> tuple[int, ...]:
-    """`vision_feature_layer` (an index or a list) as non-negative indices into the hidden states.
-
-    There are num_layers + 1 hidden states (index 0 is the encoder input), and negative indices count
-    from the end, as in transformers.
-    """
-    indices = value if isinstance(value, list) else [value]
-    num_states = num_layers + 1
-    out = []
-    for idx in indices:
-        if isinstance(idx, bool) or not isinstance(idx, int) or not -num_states <= idx < num_states:
-            raise ModelLoadError(
-                f"config.json vision_feature_layer {value!r} is not a layer index (or list of them) of a vision "
-                f"encoder with {num_layers} layers; valid indices are {-num_states}..{num_layers}."
-            )
-        out.append(idx % num_states)
-    if not out:
-        raise ModelLoadError("config.json vision_feature_layer is an empty list; name at least one layer.")
-    return tuple(out)

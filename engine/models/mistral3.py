@@ -31,8 +31,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
 from engine.models.layers import RMSNorm
-from engine.models.llava import read_feature_layers
-from engine.models.vision import activation, config_value
+from engine.models.vision import activation, config_value, read_feature_layers
 from engine.models.vision.handle import VisionHandle
 from engine.models.vision.pixtral import PixtralVisionConfig, PixtralVisionTower
 from engine.models.vision.projector import LlavaProjector

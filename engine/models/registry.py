@@ -4,31 +4,27 @@ from __future__ import annotations
 
 from engine.errors import UnsupportedArchitectureError
 from engine.models.base import Model
-from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.gemma3_vlm import Gemma3ForConditionalGeneration
 from engine.models.idefics3 import Idefics3ForConditionalGeneration
-from engine.models.llama import LlamaForCausalLM
 from engine.models.llava import LlavaForConditionalGeneration
 from engine.models.mistral3 import Mistral3ForConditionalGeneration
-from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen2_vl import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
-from engine.models.qwen3 import Qwen3ForCausalLM
+from engine.models.text_models import TEXT_MODELS
 
 _MODELS: dict[str, type[Model]] = {
-    arch: cls
-    for cls in (
-        LlamaForCausalLM,
-        Qwen2ForCausalLM,
-        Qwen2VLForConditionalGeneration,
-        Qwen2_5_VLForConditionalGeneration,
-        Qwen3ForCausalLM,
-        LlavaForConditionalGeneration,
-        Idefics3ForConditionalGeneration,
-        Gemma3ForCausalLM,
-        Gemma3ForConditionalGeneration,
-        Mistral3ForConditionalGeneration,
-    )
-    for arch in cls.architectures
+    **TEXT_MODELS,
+    **{
+        arch: cls
+        for cls in (
+            Qwen2VLForConditionalGeneration,
+            Qwen2_5_VLForConditionalGeneration,
+            LlavaForConditionalGeneration,
+            Idefics3ForConditionalGeneration,
+            Gemma3ForConditionalGeneration,
+            Mistral3ForConditionalGeneration,
+        )
+        for arch in cls.architectures
+    },
 }
 
 

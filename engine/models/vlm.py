@@ -65,7 +65,7 @@ class VisionLanguageModel(Model):
 
     def build_language_model(self, config: ModelConfig, **kwargs: Any) -> Model:
         """The text model config.json's text_config describes, built from `config` (its text fields)."""
-        from engine.models.registry import model_class  # the registry imports every model module
+        from engine.models.text_models import text_model_class  # imported here: it imports the text models
 
         arch = config.text_architecture or self.default_text_architecture
         allowed = self.text_architectures
@@ -75,16 +75,11 @@ class VisionLanguageModel(Model):
                 f"{' or '.join(allowed)}; the config is not this model's."
             )
         try:
-            cls = model_class(arch)
+            cls = text_model_class(arch)
         except UnsupportedArchitectureError as e:
             raise UnsupportedArchitectureError(
                 f"the language model of this {config.architecture} (text_config): {e}"
             ) from None
-        if issubclass(cls, VisionLanguageModel):
-            raise UnsupportedArchitectureError(
-                f"config.json text_config names {arch}, a vision-language model, as the language model of "
-                f"{config.architecture}; it must be a text model."
-            )
         return cls(replace(config, architecture=arch, text_architecture=None), **kwargs)
 
     @property

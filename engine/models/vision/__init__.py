@@ -1,4 +1,5 @@
-"""Vision encoders and projectors for vision-language models, and the helpers they share.
+"""Vision encoders and projectors for vision-language models, and the helpers they share (towers.py picks an
+encoder class).
 
 `vision_of(model)` is how callers ask whether a loaded model can see images: it returns the model's vision
 handle (with `get_image_embeddings`) or None for a text-only model.
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.errors import ModelLoadError, TensorMismatchError, UnsupportedArchitectureError
+from engine.errors import ModelLoadError, TensorMismatchError
 
 log = logging.getLogger(__name__)
 
@@ -52,22 +53,6 @@ def activation(name: str, where: str) -> Callable[[torch.Tensor], torch.Tensor]:
     except KeyError:
         raise ModelLoadError(
             f"config.json {where} is {name!r}, which is not supported; supported: {', '.join(sorted(ACTIVATIONS))}."
-        ) from None
-
-
-def vision_tower_class(model_type: str) -> type[nn.Module]:
-    """The encoder class for a `vision_config.model_type`, or UnsupportedArchitectureError naming it."""
-    # Imported here: clip.py and siglip.py import this package for `load_checked`.
-    from engine.models.vision.clip import ClipVisionTower
-    from engine.models.vision.siglip import SiglipVisionTower
-
-    towers = {cls.model_type: cls for cls in (ClipVisionTower, SiglipVisionTower)}
-    try:
-        return towers[model_type]
-    except KeyError:
-        raise UnsupportedArchitectureError(
-            f"vision_config model_type {model_type!r} is not supported as a vision encoder; supported: "
-            f"{', '.join(sorted(towers))}. Use a checkpoint with one of those encoders."
         ) from None
 
 
@@ -121,3 +106,24 @@ def config_int(d: dict[str, Any], key: str, default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ModelLoadError(f"config.json {key} must be an integer, got {value!r}")
     return value
+
+
+def read_feature_layers(value: Any, num_layers: int) -> tuple[int, ...]:
+    """`vision_feature_layer` (an index or a list) as non-negative indices into the hidden states.
+
+    There are num_layers + 1 hidden states (index 0 is the encoder input), and negative indices count
+    from the end, as in transformers.
+    """
+    indices = value if isinstance(value, list) else [value]
+    num_states = num_layers + 1
+    out = []
+    for idx in indices:
+        if isinstance(idx, bool) or not isinstance(idx, int) or not -num_states <= idx < num_states:
+            raise ModelLoadError(
+                f"config.json vision_feature_layer {value!r} is not a layer index (or list of them) of a vision "
+                f"encoder with {num_layers} layers; valid indices are {-num_states}..{num_layers}."
+            )
+        out.append(idx % num_states)
+    if not out:
+        raise ModelLoadError("config.json vision_feature_layer is an empty list; name at least one layer.")
+    return tuple(out)

@@ -8,9 +8,9 @@ import transformers
 from safetensors.torch import load_file
 
 from engine.errors import ModelLoadError, TensorMismatchError, UnsupportedArchitectureError
-from engine.models.vision import vision_tower_class
 from engine.models.vision.clip import ClipVisionTower, VisionConfig
 from engine.models.vision.siglip import SiglipVisionTower
+from engine.models.vision.towers import vision_tower_class
 
 CASES = {
     "clip": (

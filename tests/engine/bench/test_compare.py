@@ -205,7 +205,7 @@ def test_missing_model_path_names_the_path(tmp_path):
 
 
 def test_llama_batched_bench_rows_give_generated_tokens_per_second_of_wall_time():
-    from engine import bench_batched
+    from engine.bench import llama_batched as bench_batched
 
     # the table llama-batched-bench 0.3.36 prints (its run on the 1B Q4_K_M file, 8 sequences)
     output = """

@@ -1,4 +1,4 @@
-"""`python -m kernels.bench`: how fast the Triton kernels and the engine's decode run on this GPU.
+"""`python -m engine.bench.gpu`: how fast the Triton kernels and the engine's decode run on this GPU.
 
     device   copy bandwidth (GB/s, device to device) and bf16 matmul rate (TFLOP/s), measured here
     kernels  per op in bf16: time, achieved GB/s (memory-bound ops) or TFLOP/s (prefill attention) and its
@@ -7,8 +7,8 @@
              bandwidth-bound ceiling: each step reads every weight and the batch's KV once, at copy speed
 
 The engine rows run `model.forward` over the paged cache, greedy argmax feeding the next step (no sampler, no
-scheduler): the part of a decode step the kernels decide. This is the one module of `kernels` that imports
-`engine`, and only inside `engine_decode`: a benchmark of the whole stack, not library code.
+scheduler): the part of a decode step the kernels decide. It lived in kernels/ as `python -m kernels.bench`,
+the one import from kernels into engine; benchmarks now live here, where the runtime never imports them.
 Without a CUDA GPU it says so and exits 0.
 """
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-log = logging.getLogger("kernels.bench")  # not __name__: this file runs as __main__
+log = logging.getLogger("engine.bench.gpu")  # not __name__: this file runs as __main__
 
 # Llama 3.2 1B's shapes (1.24 B parameters with the tied embedding).
 LLAMA_1B = {
@@ -315,7 +315,7 @@ def format_decode_rows(rows: Sequence[DecodeRow]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m engine.bench.gpu", description=__doc__.split("\n")[0])
     parser.add_argument("--batch-sizes", default="1,8,32", help="engine decode batch sizes (comma-separated)")
     parser.add_argument("--context", type=int, default=512, help="cached tokens per sequence when decode starts")
     parser.add_argument("--steps", type=int, default=32, help="timed decode steps per batch size")
@@ -335,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         print("No CUDA GPU is available (torch.cuda.is_available() is False), so nothing was measured:")
-        print("kernels.bench times the Triton kernels on a GPU. On CPU the engine runs the torch twins.")
+        print("engine.bench.gpu times the Triton kernels on a GPU. On CPU the engine runs the torch twins.")
         return 0
     from kernels import triton as triton_kernels
 

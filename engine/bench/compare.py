@@ -7,7 +7,7 @@
 Each side runs in its own process so that its peak RSS is its own and neither warms the other's caches.
 Phases: single-stream decode, 16 concurrent jobs, a second chat turn over a long shared history vs cold
 ("core"); then, on our engine only, speculative decoding and constrained JSON output ("features", see
-engine/bench_features.py). `--only core` or `--only features` runs one group.
+engine/bench/features.py). `--only core` or `--only features` runs one group.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine import bench_batched, bench_features, bench_load
+from engine.bench import features as bench_features
+from engine.bench import llama_batched as bench_batched
+from engine.bench import load as bench_load
 
 log = logging.getLogger("engine.bench")  # not __name__: the workers run this file as __main__
 
@@ -471,7 +473,7 @@ def _transformers(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _llama_cpp(cfg: dict[str, Any]) -> dict[str, Any]:
     """The same GGUF in llama-cpp-python, one sequence (its high-level API has no concurrent jobs), then N
-    concurrent jobs through llama.cpp's own llama-batched-bench where it is found (engine/bench_batched.py)."""
+    concurrent jobs through llama.cpp's own llama-batched-bench where it is found (engine/bench/llama_batched.py)."""
     from llama_cpp import Llama
 
     out: dict[str, Any] = {"rss_after_import_mib": _peak_rss_mib()}
@@ -568,7 +570,7 @@ def _run_side(side: str, cfg: dict[str, Any], tmp: Path) -> dict[str, Any] | Non
         stdout: Any = sys.stderr.fileno()  # a worker's chatter belongs with the progress, not the table
     except (AttributeError, OSError, ValueError):
         stdout = subprocess.DEVNULL
-    cmd = [sys.executable, "-m", "engine.bench", "--worker", side, str(cfg_path), str(out_path)]
+    cmd = [sys.executable, "-m", "engine.bench.compare", "--worker", side, str(cfg_path), str(out_path)]
     t = time.perf_counter()
     proc = subprocess.run(cmd, env=env, stdout=stdout)
     if proc.returncode != 0 or not out_path.exists():
@@ -852,6 +854,6 @@ if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--worker":
         sys.exit(_worker_main(*sys.argv[2:]))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
-    _parser = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__)
+    _parser = argparse.ArgumentParser(prog="python -m engine.bench.compare", description=__doc__)
     add_arguments(_parser)
     sys.exit(run(_parser.parse_args()))
