@@ -122,20 +122,8 @@ class GGUFVocab:
 
 
 def _field(gguf: GGUFFile, key: str) -> Any:
-    """One metadata value, reading string/number arrays directly (GGUFFile.metadata converts every
-    array element by element, which takes seconds for a 150k-token vocabulary)."""
-    import numpy as np
-
-    fld = gguf.reader.fields.get(key)
-    if fld is None:
-        return None
-    if len(fld.types) >= 2 and int(fld.types[0]) == 9:  # GGUFValueType.ARRAY
-        if int(fld.types[1]) == 8:  # of STRING
-            return [bytes(fld.parts[i]).decode("utf-8", errors="replace") for i in fld.data]
-        if not fld.data:
-            return []
-        return np.concatenate([fld.parts[i] for i in fld.data]).tolist()
-    return fld.contents()
+    """One metadata value (None when absent)."""
+    return gguf.metadata.get(key)
 
 
 def _token_id(gguf: GGUFFile, key: str, num_tokens: int) -> int | None:

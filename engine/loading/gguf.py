@@ -144,7 +144,7 @@ def load_gguf(
 def read_gguf_config(file: GGUFFile) -> ModelConfig:
     """The model config from a GGUF file's metadata alone (no tensor data is read)."""
     path = file.path
-    if file.reader.byte_order != "I":
+    if file.byte_order != "I":
         raise ModelLoadError(
             f"{path} is a big-endian GGUF file; Tandem reads little-endian GGUF only. "
             "Use the little-endian version of the model."

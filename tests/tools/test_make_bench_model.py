@@ -93,7 +93,7 @@ def test_bench_file_loads_generates_and_has_the_starters_tokenizer(tiny_files, s
 
     # Opened once through the engine's cache, which Model.load then reuses: parsing the vocabulary takes seconds.
     file = GGUFFile.open(tiny_files[type_name])
-    assert {t.name: t.tensor_type.name for t in file.reader.tensors} == expected_types(type_name)
+    assert {t.name: t.tensor_type.name for t in file.tensors} == expected_types(type_name)
     meta = file.metadata
     assert meta["general.architecture"] == "llama"
     assert meta["general.file_type"] == {"Q4_K_M": 15, "Q4_0": 2, "Q8_0": 7}[type_name]
@@ -108,7 +108,7 @@ def test_bench_file_loads_generates_and_has_the_starters_tokenizer(tiny_files, s
         assert meta[key] == value, key
     assert meta["llama.vocab_size"] == len(meta["tokenizer.ggml.tokens"]) == 49152
     # random blocks dequantize to finite weights of about the RMS of a trained Llama's
-    for t in file.reader.tensors:
+    for t in file.tensors:
         if t.tensor_type.name != "F32":
             weights = dequantize(t.data[:64], t.tensor_type).astype(np.float64)
             assert np.isfinite(weights).all(), t.name
