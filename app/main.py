@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.service import EngineService
     from app.service.speculation import load_speculation
+    from app.single_instance import SingleInstance
     from app.store import StoreError
     from app.store.recovery import open_store
     from app.ui.first_run import ModelStartup
@@ -94,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     _set_icon(app)
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
+    instance = SingleInstance()  # one Tandem per data folder (app/single_instance.py)
     try:
+        if not instance.claim():
+            return instance.hand_over(args)
         try:
             opened = open_store()  # a damaged file is moved aside and what can be read recovered
         except StoreError as e:
@@ -114,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         QTimer.singleShot(0, lambda: log.info("window shown"))  # the first turn of the loop after show()
         startup = ModelStartup(window, store, service)
         startup.start(args.model)
+        instance.serve(window, startup, headless=args.quit_after_answer)
         outcome: dict[str, Any] = {}
         if args.image or args.quit_after_answer:
             QTimer.singleShot(0, lambda: spawn(_answer_once(window, startup, args, outcome), name="answer-once"))
@@ -127,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return int(status) if isinstance(status, int) and status >= 0 else 0
     finally:
+        instance.close()
         asyncio.set_event_loop(None)
         loop.close()
 
