@@ -7,6 +7,8 @@ llama_batched.py  llama.cpp's concurrent-jobs figure from its llama-batched-benc
 gpu.py            `python -m engine.bench.gpu`: the Triton kernels and a 1B decode on a CUDA GPU
 """
 
-from engine.bench.compare import add_arguments, build_rows, build_workload, run
+from engine.bench.compare import add_arguments, run
+from engine.bench.table import build_rows
+from engine.bench.workload import build_workload
 
 __all__ = ["add_arguments", "build_rows", "build_workload", "run"]
