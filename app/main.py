@@ -178,7 +178,11 @@ async def _answer_once(window: Any, startup: Any, args: argparse.Namespace, outc
         if not tab.is_streaming:
             raise RuntimeError(tab.notice_text() or "the prompt was not sent")
         await finished
-        answer = next(m for m in reversed(window.store.messages(tab.chat_id)) if m.role == "assistant")
+        if tab.save_error:  # a headless run cannot wait for the disk to have room again
+            raise RuntimeError(f"the answer could not be saved: {tab.save_error}")
+        answer = next((m for m in reversed(window.store.messages(tab.chat_id)) if m.role == "assistant"), None)
+        if answer is None:  # the answer never started; the tab says why
+            raise RuntimeError(tab.notice_text() or "the answer did not start")
         if "error" in (answer.stats or {}):
             raise RuntimeError(f"the answer failed: {answer.stats['error']}")
         log.info("answer received")

@@ -32,6 +32,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.store import StoreError
+from app.ui.answer_saves import RETRY_INTERVAL_MS, PendingSaves
 from app.ui.attachments import (
     IMAGE_FILE_FILTER,
     AttachmentError,
@@ -99,6 +101,7 @@ class ChatTab(QWidget):
     chunk_received = Signal(int, str)
     generation_finished = Signal(int)
     save_interval_ms = SAVE_INTERVAL_MS
+    save_retry_ms = RETRY_INTERVAL_MS  # a save the store refused is tried again this often
 
     def __init__(self, store: Any, service: Any, chat_id: int, parent: QWidget | None = None):
         super().__init__(parent)
@@ -117,6 +120,10 @@ class ChatTab(QWidget):
 
         self._save_timer = QTimer(self)
         self._save_timer.timeout.connect(self._save_partial)
+        self._saves = PendingSaves(store, self, self.save_retry_ms)  # saves the store refused (a full disk)
+        self._saves.failed.connect(self._save_failed)
+        self._saves.saved.connect(self._save_recovered)
+        self._save_notice = ""
         self._system_timer = QTimer(self)
         self._system_timer.setSingleShot(True)
         self._system_timer.setInterval(400)
@@ -320,6 +327,7 @@ class ChatTab(QWidget):
 
     def send(self) -> bool:
         """Send the typed message (and attached images) and start the answer; False when refused."""
+        self._saves.retry()  # the user's next action tries an unsaved answer again
         text = self.input.toPlainText().strip()
         attachments = self.strip.attachments()
         if self.is_streaming:
@@ -340,12 +348,16 @@ class ChatTab(QWidget):
                 "(Model menu)."
             )
             return False
-        if self._editing_id is not None:
-            self.store.delete_messages_from(self.chat_id, self._editing_id)
-            self.view.remove_from(self._editing_id)
-            self._end_edit()
-        shas = [self.store.add_attachment(a.data, a.suffix) for a in attachments]
-        message = self.store.add_message(self.chat_id, "user", text, images=shas)
+        try:
+            if self._editing_id is not None:
+                self.store.delete_messages_from(self.chat_id, self._editing_id)
+                self.view.remove_from(self._editing_id)
+                self._end_edit()
+            shas = [self.store.add_attachment(a.data, a.suffix) for a in attachments]
+            message = self.store.add_message(self.chat_id, "user", text, images=shas)
+        except StoreError as e:
+            self.show_notice(f"Not sent: {e}\nYour message is still in the box: send it again once this is fixed.")
+            return False
         self._add_widget(message)
         self.input.clear()
         self.strip.clear()
@@ -359,6 +371,7 @@ class ChatTab(QWidget):
 
     def regenerate(self, message_id: int | None = None) -> bool:
         """Write the last answer (or answer `message_id` and everything after it) again."""
+        self._saves.retry()
         if self.is_streaming:
             return False
         if not self.service.is_loaded:
@@ -369,7 +382,11 @@ class ChatTab(QWidget):
             if not widgets or widgets[-1].role != "assistant":
                 return False
             message_id = widgets[-1].message_id
-        self.store.delete_messages_from(self.chat_id, message_id)
+        try:
+            self.store.delete_messages_from(self.chat_id, message_id)
+        except StoreError as e:
+            self.show_notice(f"Could not regenerate: {e}")
+            return False
         self.view.remove_from(message_id)
         self.clear_notice()
         self._start_answer()
@@ -493,7 +510,12 @@ class ChatTab(QWidget):
             self.show_notice(f"Could not start the answer: {e}")
             return
         used = {**settings, "seed": seed, **({JSON_MODE_KEY: True} if json_mode else {})}
-        answer = self.store.add_message(self.chat_id, "assistant", "", settings=used, complete=False)
+        try:
+            answer = self.store.add_message(self.chat_id, "assistant", "", settings=used, complete=False)
+        except StoreError as e:
+            spawn(job.cancel(), name=f"unsaved-chat-{self.chat_id}")
+            self.show_notice(f"Could not start the answer: {e}")
+            return
         widget = self._add_widget(answer)
         widget.set_streaming(True)
         self._job = job
@@ -551,11 +573,28 @@ class ChatTab(QWidget):
         self.generation_finished.emit(self.chat_id)
 
     def _write(self, stream: _Stream, **fields: Any) -> None:
-        try:
-            self.store.update_message(stream.message_id, text=stream.text, **fields)
+        """Save the answer; what the store refuses stays in memory (and on screen) and is retried."""
+        if self._saves.save(stream.message_id, text=stream.text, **fields):
             stream.saved_text = stream.text
-        except KeyError:  # the chat was deleted while it streamed
-            log.info("chat %s: answer %s no longer exists", self.chat_id, stream.message_id)
+
+    @property
+    def save_error(self) -> str | None:
+        """Why an answer of this tab is not saved yet (it is being retried); None when all is saved."""
+        return self._saves.problem
+
+    def _save_failed(self, problem: str) -> None:
+        seconds = max(1, round(self._saves.retry_interval_ms / 1000))
+        self._save_notice = (
+            f"Could not save this answer: {problem}\n"
+            f"It stays here, and Tandem tries again every {seconds} s until it is saved (free some disk space)."
+        )
+        self.show_notice(self._save_notice)
+
+    def _save_recovered(self) -> None:
+        if self.notice_text() == self._save_notice:
+            self.clear_notice()
+        self._save_notice = ""
+        self.chat_changed.emit(self.chat_id)
 
     def _save_partial(self) -> None:
         stream = self._stream
@@ -575,6 +614,7 @@ class ChatTab(QWidget):
         self.stop()
         while self._task is not None and not self._task.done():
             await asyncio.wait({self._task})
+        self._saves.retry()
 
     def flush(self) -> None:
         """Save the answer streaming now as it stands (the window is closing and the loop may not run again)."""
@@ -582,6 +622,8 @@ class ChatTab(QWidget):
         stream = self._stream
         if stream is not None:
             self._write(stream, stats={"new_tokens": stream.num_tokens, "stopped": True}, complete=False)
+        else:
+            self._saves.retry()
 
     # --- context meter --------------------------------------------------------------------------------------
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
+import tracemalloc
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -400,6 +403,124 @@ def test_template_failures_become_chat_template_errors(source, needle):
 def test_messages_must_be_a_list_of_dicts(messages):
     with pytest.raises(TypeError, match="messages"):
         ChatTemplate(None).render(messages)
+
+
+# --- limits: a render stops in bounded time and memory, with an error naming the limit ---------------------
+
+# A doubling namespace value: 64 doublings would reach 2**64 characters (or items) without the limits.
+_DOUBLE = "{% set ns = namespace(v=START) %}{% for i in range(64) %}{% set ns.v = STEP %}{% endfor %}{{ ns.v }}"
+
+HOSTILE = {
+    # time
+    "nested_range_loops": (
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        "ran past 2 s",
+    ),
+    "exponential_macro_recursion": (
+        "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",
+        "ran past 2 s",
+    ),
+    "nested_loops_over_a_long_string": (
+        "{% set s = 'x' * 100000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}",
+        "ran past 2 s",
+    ),
+    # format widths and precisions
+    "str_format_width": ("{{ '{:>2000000000}'.format(1) }}", "format width or precision of"),
+    "str_format_width_argument": ("{{ '{:>{}}'.format(1, 2000000000) }}", "format width or precision of"),
+    "str_format_precision": ("{{ '{:.2000000000f}'.format(1.5) }}", "format width or precision of"),
+    "format_map_width": ("{{ '{x:>2000000000}'.format_map({'x': 1}) }}", "format width or precision of"),
+    "str_format_repeated_field": ("{{ ('{0}' * 10000).format('a' * 4000) }}", "too large"),
+    "percent_width": ("{{ '%2000000000d' % 1 }}", "%-format width of"),
+    "percent_precision": ("{{ '%.2000000000f' % 1.5 }}", "%-format width of"),
+    "percent_star_width": ("{{ '%*d' % (2000000000, 1) }}", "%-format width of 2000000000"),
+    "percent_named_repeated": ("{{ ('%(a)s' * 10000) % {'a': 'a' * 4000} }}", "too large"),
+    "format_filter_width": ("{{ '%2000000000d' | format(1) }}", "%-format width of"),
+    # padding
+    "center_filter": ("{{ 'a' | center(2000000000) }}", "center() padding of"),
+    "center_method": ("{{ 'a'.center(2000000000) }}", "str.center() padding of"),
+    "ljust": ("{{ 'a'.ljust(2000000000) }}", "str.ljust() padding of"),
+    "rjust": ("{{ 'a'.rjust(2000000000) }}", "str.rjust() padding of"),
+    "zfill": ("{{ 'a'.zfill(2000000000) }}", "str.zfill() padding of"),
+    "indent_width": ("{{ 'a\nb' | indent(2000000000) }}", "an indent of"),
+    "tojson_indent": ("{{ messages | tojson(indent=2000000000) }}", "JSON indented by 2000000000"),
+    # repetition, doubling, sharing
+    "string_repeat": ("{{ 'a' * 10 ** 9 }}", "a sequence repeated 1000000000 times"),
+    "list_repeat": ("{{ [0] * 10 ** 9 }}", "a sequence repeated 1000000000 times"),
+    "string_doubling_with_tilde": (_DOUBLE.replace("START", "'a'").replace("STEP", "ns.v ~ ns.v"), "too large"),
+    "string_doubling_with_plus": (_DOUBLE.replace("START", "'a'").replace("STEP", "ns.v + ns.v"), "too large"),
+    "list_doubling": (_DOUBLE.replace("START", "[1]").replace("STEP", "ns.v + ns.v"), "too large"),
+    "shared_list_doubling": (_DOUBLE.replace("START", "[1]").replace("STEP", "[ns.v, ns.v]"), "too large"),
+    "macro_varargs_doubling": (
+        "{% set ns = namespace(v=[1]) %}{% macro keep() %}{% set ns.v = varargs %}{% endmacro %}"
+        "{% for i in range(64) %}{{ keep(ns.v, ns.v) }}{% endfor %}{{ ns.v }}",
+        "too large",
+    ),
+    "integer_squaring": (_DOUBLE.replace("START", "2").replace("STEP", "ns.v * ns.v"), "too large"),
+    "replace_amplification": ("{% set s = 'a' * 4000000 %}{{ s | replace('a', s) }}", "4000000 replacements"),
+    "join_amplification": ("{% set s = 'a' * 1000 %}{{ s.join([s] * 4000) }}", "too large"),
+    "range_size": ("{{ range(10 ** 9) | length }}", "range(1000000000), 1000000000 items"),
+    "batch_fill": ("{{ [1] | batch(10 ** 9, 'x') | list }}", "1000000000 items"),
+    "unlisted_method": ("{{ (1).to_bytes(10 ** 9, 'big') }}", "may not call int.to_bytes()"),
+    # output
+    "output_limit": ("{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}", "rendered more than 4 MB"),
+    "buffered_output": (
+        "{% set x %}{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}{% endset %}{{ x | length }}",
+        "built more than 64 MB",
+    ),
+}
+
+
+@pytest.mark.parametrize(("source", "needle"), list(HOSTILE.values()), ids=list(HOSTILE))
+def test_hostile_templates_stop_in_bounded_time_and_memory(source, needle):
+    template = ChatTemplate(source)
+    tracemalloc.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(ChatTemplateError, match=re.escape(needle)) as error:
+            template.render(SINGLE)
+        elapsed = time.monotonic() - start
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert elapsed < 5.0, f"took {elapsed:.1f} s"
+    assert peak < 300 * 2**20, f"allocated {peak / 2**20:.0f} MB"
+    assert str(error.value).startswith("The chat template ")  # a sentence for the window, saying what to do
+    assert "another model" in str(error.value)
+
+
+def test_a_long_chat_renders_within_the_limits():
+    # About 3 MB of chat through a template that copies each message with `+` several times: no limit trips.
+    chat = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"{i}: " + "lorem ipsum dolor sit " * 70}
+        for i in range(2000)
+    ]
+    template = ChatTemplate(ALTERNATING, bos_token="<s>", eos_token="</s>")
+    start = time.monotonic()
+    out = template.render(chat)
+    assert time.monotonic() - start < 1.5
+    assert len(out) > 3_000_000 and chat[-1]["content"] in out
+
+
+def test_a_hostile_render_on_one_thread_leaves_others_alone():
+    failures = []
+
+    def hostile():
+        try:
+            ChatTemplate(HOSTILE["nested_range_loops"][0]).render(SINGLE)
+        except ChatTemplateError as e:
+            failures.append(str(e))
+
+    worker = threading.Thread(target=hostile)
+    worker.start()
+    outputs = [ChatTemplate(None).render(SINGLE) for _ in range(20)]  # each has its own deadline
+    worker.join(10)
+    assert not worker.is_alive() and "ran past 2 s" in failures[0]
+    assert outputs == ["<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n"] * 20
+
+
+def test_an_oversized_template_source_is_refused_at_construction():
+    with pytest.raises(ChatTemplateError, match="at most 1048576"):
+        ChatTemplate("x" * (2 * 1024 * 1024))
 
 
 # --- sandbox ---------------------------------------------------------------------------------------------

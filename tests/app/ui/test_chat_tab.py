@@ -104,7 +104,8 @@ def test_answer_stats_and_context_meter(window, engine_service, app_store, run, 
         assert part in line
     conversation = [{"role": m.role, "content": m.text} for m in app_store.messages(tab.chat_id)]
     used = engine_service.count_tokens(conversation, "You are terse.")
-    assert tab.context_meter.value() == used
+    # counted on a worker thread (it renders the chat template) once the answer ends
+    run(ui.wait_for(lambda: tab.context_meter.value() == used, what="the context meter's count"))
     assert tab.context_meter.maximum() == engine_service.context_length
     assert used > engine_service.count_tokens(conversation)  # the system prompt counts
 
@@ -286,7 +287,9 @@ def test_a_streaming_answer_is_saved_while_it_streams(window, engine_service, ap
         with Store(app_store.path) as watcher:
             assert send(tab, "Write for a while")
             while tab.is_streaming and len(seen) < 4:
-                text = watcher.messages(tab.chat_id)[-1].text
+                # The answer's row appears once its prompt is built (off the GUI thread), after the user's.
+                answers = [m for m in watcher.messages(tab.chat_id) if m.role == "assistant"]
+                text = answers[-1].text if answers else ""
                 if text and (not seen or text != seen[-1][1]):
                     seen.append((time.monotonic(), text))
                 await asyncio.sleep(0.01)
