@@ -1,11 +1,16 @@
 """ChatTab: one conversation — its messages, system prompt, settings, attachments, and its own streaming job.
 
-A send stores the user message, then starts one engine job (`service.start_job`) whose results arrive with
-`async for` on the GUI loop; every tab runs its own, so several stream at once. The answer is stored as soon
-as it starts (complete=False), saved every second while it streams, and once more when it ends or is stopped.
-With a vision model, every image of the conversation is embedded first (`service.embed_images`, on the
-service's worker thread; earlier turns come from its cache) and goes into the prompt in its message.
+A send stores the user message, then builds the prompt and starts one engine job (`service.start_job`) whose
+results arrive with `async for` on the GUI loop; every tab runs its own, so several stream at once. The answer is
+stored as soon as it starts (complete=False), saved every second while it streams, and once more when it ends or
+is stopped. With a vision model, every image of the conversation is embedded first (`service.embed_images`, on
+the service's worker thread; earlier turns come from its cache) and goes into the prompt in its message.
 With "JSON mode" on (saved in the chat's settings dict as "json_mode"), every answer is held to one JSON object.
+
+The prompt (the model's chat template, then the tokenizer) is built on a worker thread, as is the context
+meter's count: a chat template is the model's own code, and a hostile one runs for up to its time limit
+(engine.chat_template.RENDER_SECONDS) before it fails, which must not freeze the window. Its error is shown
+above the input like any other reason an answer could not start.
 """
 
 from __future__ import annotations
@@ -13,10 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import shiboken6
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QDragEnterEvent, QDropEvent, QImage
 from PySide6.QtWidgets import (
@@ -48,6 +56,7 @@ from app.ui.tasks import spawn
 from engine.vision.prompt import user_message
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SAVE_INTERVAL_MS = 1000  # a streaming answer reaches the database at least this often
 DEFAULT_TITLE = "New chat"
@@ -68,6 +77,20 @@ class _Stream:
     num_tokens: int = 0
     saved_text: str = ""
     eos: dict[str, Any] = field(default_factory=dict)
+
+
+_workers: ThreadPoolExecutor | None = None
+
+
+async def off_gui_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run `fn(*args)` on a prompt worker thread and await its result on the GUI loop.
+
+    Two workers: a chat template that runs to its time limit in one tab does not hold up the others.
+    """
+    global _workers
+    if _workers is None:
+        _workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tandem-prompt")
+    return await asyncio.get_running_loop().run_in_executor(_workers, fn, *args)
 
 
 def eos_stats(result: dict[str, Any], json_mode: bool = False) -> dict[str, Any]:
@@ -113,7 +136,8 @@ class ChatTab(QWidget):
         self._task: asyncio.Task | None = None
         self._stream: _Stream | None = None
         self._stopping = False
-        self._preparing = False  # images are being embedded before the answer's job starts
+        self._preparing = False  # images are being embedded or the prompt built before the answer's job starts
+        self._meter_request = 0  # numbers context counts: only the newest one is shown
         self._editing_id: int | None = None
         self._num_attaching = 0
         self.setAcceptDrops(True)
@@ -223,7 +247,7 @@ class ChatTab(QWidget):
 
     @property
     def is_streaming(self) -> bool:
-        """Whether an answer is on its way: its images being embedded, or its job streaming."""
+        """Whether an answer is on its way: its images being embedded, its prompt built, or its job streaming."""
         return self._job is not None or self._preparing
 
     @property
@@ -438,26 +462,37 @@ class ChatTab(QWidget):
     def _start_answer(self) -> None:
         self._save_system_prompt()  # typed just now: the answer must already use it
         messages, shas = self._conversation()
-        if not shas:
-            self._begin_job(messages, None)
-            return
-        # The vision tower runs on the service's worker; until it is done the tab counts as answering.
+        # Until the job starts (images embedded, prompt built, both off the GUI thread) the tab counts as answering.
         self._preparing = True
         self._stopping = False
         self._update_controls()
         self.streaming_changed.emit(self.chat_id, True)
-        self._task = spawn(self._embed_and_begin(messages, shas), name=f"images-{self.chat_id}")
+        self._task = spawn(self._prepare_and_begin(messages, shas), name=f"prompt-{self.chat_id}")
 
-    async def _embed_and_begin(self, messages: list[dict[str, Any]], shas: list[str]) -> None:
+    async def _prepare_and_begin(self, messages: list[dict[str, Any]], shas: list[str]) -> None:
         model = self.service.model
         embeddings = None
+        input_ids = None
         error = None
         try:
-            paths = [self.store.attachment_path(sha) for sha in shas]
-            embeddings = await self.service.embed_images(paths)
-        except Exception as e:  # ImageError names the file; anything else still must not break the tab
-            log.info("chat %s: embedding images failed: %s", self.chat_id, e)
-            error = str(e) or type(e).__name__
+            if shas:
+                try:
+                    paths = [self.store.attachment_path(sha) for sha in shas]
+                    embeddings = await self.service.embed_images(paths)
+                except Exception as e:  # ImageError names the file; anything else still must not break the tab
+                    log.info("chat %s: embedding images failed: %s", self.chat_id, e)
+                    error = (
+                        f"Could not use an image of this conversation: {str(e) or type(e).__name__}\n"
+                        "Your messages are saved. Edit the message to attach the image again or remove it."
+                    )
+            if error is None and not self._stopping and self.service.model is model:
+                try:
+                    input_ids = await off_gui_thread(
+                        self.service.encode_chat, messages, self.chat.system_prompt, embeddings
+                    )
+                except Exception as e:  # a chat template can fail in many ways; the message says which
+                    log.info("chat %s: building the prompt failed: %s", self.chat_id, e)
+                    error = f"Could not build the prompt for {self.service.model_name}: {e}"
         finally:
             self._preparing = False
             self._task = None
@@ -467,23 +502,15 @@ class ChatTab(QWidget):
             if self.service.model is not model:  # another model was loaded meanwhile: its own rows, its prompt
                 self._start_answer()
                 return
-            self._begin_job(messages, embeddings)
+            self._begin_job(input_ids, embeddings)
         if self._job is None:  # nothing started: the tab is idle again
             if error is not None:
-                self.show_notice(
-                    f"Could not use an image of this conversation: {error}\n"
-                    "Your messages are saved. Edit the message to attach the image again or remove it."
-                )
+                self.show_notice(error)
             self._update_controls()
             self.streaming_changed.emit(self.chat_id, False)
             self.generation_finished.emit(self.chat_id)
 
-    def _begin_job(self, messages: list[dict[str, Any]], embeddings: list[Any] | None) -> None:
-        try:
-            input_ids = self.service.encode_chat(messages, self.chat.system_prompt, images=embeddings)
-        except Exception as e:  # a chat template can fail in many ways; the message says which
-            self.show_notice(f"Could not build the prompt for {self.service.model_name}: {e}")
-            return
+    def _begin_job(self, input_ids: Any, embeddings: list[Any] | None) -> None:
         num_prompt = int(input_ids.shape[-1])
         context = int(self.service.context_length)
         room = context - num_prompt
@@ -542,6 +569,7 @@ class ChatTab(QWidget):
                     stream.eos = eos_stats(result, stream.json_mode)
                     stream.text = result.get("full_completion", stream.text)  # the engine's own account
                 stream.widget.set_text(stream.text)
+                self._meter_request += 1  # a count still on its way is older than this
                 self._show_context(stream.prompt_tokens + stream.num_tokens)
         except Exception as e:  # the engine failed this job: keep what arrived, say what happened
             log.exception("chat %s: the answer failed", self.chat_id)
@@ -627,21 +655,37 @@ class ChatTab(QWidget):
 
     # --- context meter --------------------------------------------------------------------------------------
 
-    def refresh_context_meter(self) -> None:
-        """Count the tokens the conversation takes in the loaded model's context."""
+    def refresh_context_meter(self) -> asyncio.Task | None:
+        """Count the tokens the conversation takes in the loaded model's context (on a worker thread: it
+        renders the chat template); returns the counting task, None when no model is loaded."""
+        self._meter_request += 1
         if not self.service.is_loaded:
             self.context_meter.setRange(0, 1)
             self.context_meter.setValue(0)
             self.context_meter.setFormat("context: no model loaded")
-            return
+            return None
         try:
-            messages, shas = self._conversation()
-            pictures = [self.store.attachment_path(sha) for sha in shas]  # headers only: sizes decide the count
-            used = self.service.count_tokens(messages, self.chat.system_prompt, image_sources=pictures)
+            asyncio.get_running_loop()
+        except RuntimeError:  # the tab is built before the loop runs (the window opening): count once it does
+            QTimer.singleShot(0, self, self.refresh_context_meter)
+            return None
+        messages, shas = self._conversation()
+        pictures = [self.store.attachment_path(sha) for sha in shas]  # headers only: sizes decide the count
+        request, system_prompt = self._meter_request, self.chat.system_prompt
+        return spawn(self._count(request, messages, system_prompt, pictures), name=f"count-{self.chat_id}")
+
+    async def _count(
+        self, request: int, messages: list[dict[str, Any]], system_prompt: str, pictures: list[Path]
+    ) -> None:
+        count = self.service.count_tokens
+        try:
+            used = await off_gui_thread(lambda: count(messages, system_prompt, image_sources=pictures))
         except Exception as e:  # shown, not raised: the meter must never break the tab
             log.warning("chat %s: cannot count tokens: %s", self.chat_id, e)
             return
-        self._show_context(used)
+        # Shown only if nothing newer was counted or streamed meanwhile, and the tab still exists.
+        if request == self._meter_request and shiboken6.isValid(self):
+            self._show_context(used)
 
     def _show_context(self, used: int) -> None:
         context = max(1, int(self.service.context_length))
