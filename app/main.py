@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         "'starter' for the starter model, 'demo' for the bundled demo vision model",
     )
     parser.add_argument(
-        "--prompt", metavar="TEXT", help="send TEXT in the current chat as soon as the model has loaded"
+        "--prompt", metavar="TEXT", help="send TEXT in a new chat (default settings) as soon as the model has loaded"
     )
     parser.add_argument(
         "--image", metavar="PATH", action="append", default=[], help="attach an image to --prompt (repeatable)"
@@ -164,18 +164,18 @@ async def _answer_once(window: Any, startup: Any, args: argparse.Namespace, outc
     try:
         if not await service.wait_loaded():
             raise RuntimeError(startup.last_error or "the model did not load")
-        tab = window.current_tab() or window.new_chat()
+        tab = window.new_prompt_chat()  # never the user's open chat, whatever its settings
         if args.image:
             await tab.attach_files([str(Path(p).expanduser()) for p in args.image])
             if len(tab.strip.attachments()) != len(args.image):
                 raise RuntimeError(tab.notice_text() or "an image could not be attached")
+        tab.input.setPlainText(args.prompt)
         if not args.quit_after_answer:
-            window.send_prompt(args.prompt)
+            tab.send()  # a refusal shows above the chat's input
             return
         finished = asyncio.get_running_loop().create_future()
         tab.generation_finished.connect(lambda _id: finished.done() or finished.set_result(None))
-        window.send_prompt(args.prompt)
-        if not tab.is_streaming:
+        if not tab.send():
             raise RuntimeError(tab.notice_text() or "the prompt was not sent")
         await finished
         if tab.save_error:  # a headless run cannot wait for the disk to have room again

@@ -156,7 +156,17 @@ class MainWindow(QMainWindow):
     def new_chat(self) -> ChatTab:
         """Create a chat (with the current tab's settings) and open it in a new tab."""
         current = self.current_tab()
-        settings = current.settings() if current is not None else self._default_settings()
+        return self._create_chat(current.settings() if current is not None else self._default_settings())
+
+    def new_prompt_chat(self) -> ChatTab:
+        """Create a chat with the default settings for a prompt given on the command line, and open it.
+
+        Such a prompt never goes into a chat the user had open: that chat's settings (JSON mode, a seed, a
+        system prompt) were chosen for its own conversation, and its history would become the prompt's.
+        """
+        return self._create_chat(self._default_settings())
+
+    def _create_chat(self, settings: dict) -> ChatTab:
         chat = self.store.create_chat(DEFAULT_TITLE, settings=settings)
         self.sidebar.refresh()
         return self.open_chat(chat.id)
@@ -379,11 +389,11 @@ class MainWindow(QMainWindow):
         self.error_label.setToolTip(message)
 
     def send_prompt(self, text: str) -> None:
-        """Type `text` into the current chat and send it, once a model is loaded (`tandem --prompt`)."""
+        """Send `text` in a new chat with the default settings, once a model is loaded (`tandem --prompt`)."""
         if not self.service.is_loaded:
             self._pending_prompt = text
             return
-        tab = self.current_tab() or self.new_chat()
+        tab = self.new_prompt_chat()
         tab.input.setPlainText(text)
         tab.send()
 

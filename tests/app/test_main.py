@@ -1,6 +1,8 @@
-"""The `tandem` entry point: opens the window with a model, reopens saved chats, survives SIGKILL mid-stream.
+"""The `tandem` entry point: opens the window with a model, reopens saved chats, survives SIGKILL mid-stream,
+sends --prompt in a chat of its own.
 
-Bad inputs tried: --model pointing at nothing (usage error, exit status 2), SIGKILL while an answer streams.
+Bad inputs tried: --model pointing at nothing (usage error, exit status 2), SIGKILL while an answer streams,
+--prompt while the chat open last is in JSON mode with its own settings and history.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from PySide6.QtWidgets import QApplication
 
 from app.main import main
 from app.store import Store
-from app.ui.main_window import OPEN_TABS_KEY, MainWindow
+from app.ui.main_window import CURRENT_TAB_KEY, OPEN_TABS_KEY, MainWindow
 from app.ui.sampler_settings import complete_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,6 +82,50 @@ def test_a_missing_model_path_is_a_usage_error(tmp_path, capsys):
     assert "no-such-model" in capsys.readouterr().err
 
 
+def model_ready(window: MainWindow) -> bool:
+    return window.service.is_loaded and window.model_label.text().startswith("Model:")
+
+
+def type_into_open_chat(text: str):
+    """A `ready` for run_main_until that, once the model is loaded, sends `text` in the chat that is open, as a
+    user would (`--prompt` goes to a new chat of its own), then waits for 20 characters of its answer."""
+    sent: list[bool] = []
+
+    def ready(window: MainWindow) -> bool:
+        if not model_ready(window):
+            return False
+        tab = window.current_tab()
+        if not sent:
+            tab.input.setPlainText(text)
+            sent.append(tab.send())
+        return len(tab.streamed_text) > 20
+
+    return ready
+
+
+# `python -c` program: the app over --model argv[1], with argv[2] sent in the open chat once the model is loaded.
+SEND_IN_OPEN_CHAT = """
+import sys
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication
+from app.main import main
+from app.ui.main_window import MainWindow
+
+app = QApplication(sys.argv[:1])
+
+def send():
+    windows = [w for w in QApplication.topLevelWidgets() if isinstance(w, MainWindow)]
+    if windows and windows[0].service.is_loaded and windows[0].model_label.text().startswith("Model:"):
+        windows[0].current_tab().input.setPlainText(sys.argv[2])
+        windows[0].current_tab().send()
+    else:
+        QTimer.singleShot(50, send)
+
+QTimer.singleShot(50, send)
+sys.exit(main(["--model", sys.argv[1]]))
+"""
+
+
 def long_context_copy(tiny_folder: Path, dest: Path) -> Path:
     """The tiny model with an 8192-token context, so one answer streams for several seconds."""
     shutil.copytree(tiny_folder, dest)
@@ -108,7 +154,7 @@ def test_sigkill_mid_stream_keeps_the_user_message_and_the_last_save(qapp, tiny_
         store.set_setting(OPEN_TABS_KEY, [chat.id])
     env = {**os.environ, "TANDEM_DATA_DIR": str(data), "QT_QPA_PLATFORM": "offscreen"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.main", "--model", str(model), "--prompt", prompt],
+        [sys.executable, "-c", SEND_IN_OPEN_CHAT, str(model), prompt],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -166,9 +212,9 @@ def test_closing_the_window_mid_answer_keeps_it(qapp, tiny_folder, tmp_path, mon
         store.set_setting(OPEN_TABS_KEY, [chat.id])
     monkeypatch.setenv("TANDEM_DATA_DIR", str(data))
     status, seen = run_main_until(
-        ["--model", str(model), "--prompt", "Keep going"],
+        ["--model", str(model)],
         lambda w: {"shown": w.current_tab().streamed_text},
-        ready=lambda w: len(w.current_tab().streamed_text) > 20,
+        ready=type_into_open_chat("Keep going"),
     )
     assert status == 0 and "timed_out" not in seen
     with Store(data / "tandem.sqlite3") as store:
@@ -233,3 +279,68 @@ def test_an_unwritable_data_folder_ends_a_headless_run_with_a_message(qapp, tmp_
     started = time.monotonic()
     assert main(["--prompt", "hi", "--quit-after-answer"]) == 1
     assert "cannot create its data folder" in capsys.readouterr().err and time.monotonic() - started < 30
+
+
+def json_chat_open_last(data: Path) -> tuple[int, dict, dict]:
+    """A store whose open chat is in JSON mode, with its own seed, length and system prompt and a turn of history.
+    Returns its id, its settings and the default settings (the Balanced preset's, as in a new window)."""
+    with Store(data / "tandem.sqlite3") as store:
+        settings = {"top_k": 1, "seed": 3, "max_new_tokens": 5, "json_mode": True}
+        chat = store.create_chat("My JSON chat", system_prompt="Answer in JSON.", settings=settings)
+        store.add_message(chat.id, "user", "Give me an object")
+        store.add_message(chat.id, "assistant", '{"a": 1}', settings=settings)
+        store.set_setting(OPEN_TABS_KEY, [chat.id])
+        store.set_setting(CURRENT_TAB_KEY, chat.id)
+        defaults = next(p.settings for p in store.list_presets() if p.name == "Balanced")
+    return chat.id, settings, defaults
+
+
+def check_prompt_chat(data: Path, json_chat_id: int, json_settings: dict, defaults: dict, prompt: str) -> str:
+    """The JSON chat is as it was; the prompt went to one new chat with the default settings. Returns the answer."""
+    with Store(data / "tandem.sqlite3") as store:
+        json_chat = store.get_chat(json_chat_id)
+        assert json_chat.settings == json_settings and json_chat.system_prompt == "Answer in JSON."
+        assert [m.text for m in store.messages(json_chat_id)] == ["Give me an object", '{"a": 1}']
+        (new,) = [c for c in store.list_chats() if c.id != json_chat_id]
+        assert new.settings == defaults and "json_mode" not in new.settings and new.system_prompt == ""
+        user, answer = store.messages(new.id)
+        assert user.text == prompt and answer.role == "assistant" and answer.complete
+        assert "json_mode" not in answer.settings and "json_mode" not in answer.stats
+        return answer.text
+
+
+def test_a_prompt_from_the_command_line_starts_a_new_chat_with_the_default_settings(
+    qapp, tiny_folder, tmp_path, monkeypatch
+):
+    data = tmp_path / "data"
+    data.mkdir()
+    json_chat_id, json_settings, defaults = json_chat_open_last(data)
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(data))
+
+    def answered(w: MainWindow) -> bool:
+        tab = w.current_tab()
+        return (
+            model_ready(w)
+            and tab.chat_id != json_chat_id
+            and len(w.store.messages(tab.chat_id)) == 2
+            and (not tab.is_streaming)
+        )
+
+    status, seen = run_main_until(
+        ["--model", str(tiny_folder), "--prompt", "Hello from the command line"],
+        lambda w: {"tabs": [t.chat_id for t in w.chat_tabs()], "current": w.current_tab().chat_id},
+        ready=answered,
+    )
+    assert status == 0 and "timed_out" not in seen
+    assert seen["tabs"][0] == json_chat_id and len(seen["tabs"]) == 2  # the user's chat stays open beside it
+    check_prompt_chat(data, json_chat_id, json_settings, defaults, "Hello from the command line")
+
+
+def test_quit_after_answer_also_answers_in_a_new_chat(qapp, tiny_folder, tmp_path, monkeypatch, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    json_chat_id, json_settings, defaults = json_chat_open_last(data)
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(data))
+    assert main(["--model", str(tiny_folder), "--prompt", "Hello", "--quit-after-answer"]) == 0
+    answer = check_prompt_chat(data, json_chat_id, json_settings, defaults, "Hello")
+    assert capsys.readouterr().out == answer + "\n"

@@ -3,14 +3,16 @@ offline first start from the command line, and the frozen bundle's `-m pip` (how
 
 Bad inputs tried: --image without --prompt, --image naming no file, --quit-after-answer without --prompt,
 no network on a first start (exit status 1 with the reason), `-m pip` in a process that is not frozen
-(an ordinary usage error).
+(an ordinary usage error), a model whose chat template loops without end (it never returned).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,22 @@ def test_offline_first_start_from_the_command_line_says_why(qapp, tmp_path, monk
     out, err = capsys.readouterr()
     assert out == "" and "tandem: Could not download the starter model" in err
     assert "bundled with Tandem needs no download" in err
+
+
+def test_a_runaway_chat_template_ends_quit_after_answer_with_its_error(
+    qapp, tiny_folder, tmp_path, monkeypatch, capsys
+):
+    model = tmp_path / "runaway"
+    shutil.copytree(tiny_folder, model)
+    (model / "chat_template.jinja").write_text(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", encoding="utf-8"
+    )
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path / "data"))
+    started = time.monotonic()
+    assert main(["--model", str(model), "--prompt", "hi", "--quit-after-answer"]) == 1
+    assert time.monotonic() - started < 60
+    out, err = capsys.readouterr()
+    assert out == "" and "tandem: Could not build the prompt" in err and "ran past 2 s" in err
 
 
 def run_as_frozen(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
