@@ -143,7 +143,7 @@ class PageTable:
 
     def reparent(self, page: Page, prev_hash: int) -> None:
         """Record that `page` now follows `prev_hash` (its previous page just became full and named)."""
-        self._children.get(page.prev_hash, set()).discard(page.page_id)
+        self._unlink_child(page)
         page.prev_hash = prev_hash
         self._children.setdefault(prev_hash, set()).add(page.page_id)
 
@@ -165,10 +165,18 @@ class PageTable:
     def _forget(self, page: Page) -> None:
         if page.hash is not None and self._by_hash.get(page.hash) == page.page_id:
             del self._by_hash[page.hash]
-        self._children.get(page.prev_hash, set()).discard(page.page_id)
+        self._unlink_child(page)
         page.hash = None
         page.token_ids = []
         page.prev_hash = ROOT_HASH
+
+    def _unlink_child(self, page: Page) -> None:
+        # An emptied set is dropped: hashes of long-gone prefixes would otherwise pile up as empty keys.
+        children = self._children.get(page.prev_hash)
+        if children is not None:
+            children.discard(page.page_id)
+            if not children:
+                del self._children[page.prev_hash]
 
     # --- checks (used by tests) --------------------------------------------------------------------------
 

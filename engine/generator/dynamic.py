@@ -115,6 +115,7 @@ class DynamicGenerator:
         self.validate(job)
         with self._lock:
             job.serial = self._next_serial
+            job.generator = self
             self._next_serial += 1
             session = JobSession(job, self.tokenizer)
             session.speculative = self.speculative
@@ -136,12 +137,14 @@ class DynamicGenerator:
 
     def validate(self, job: DynamicJob) -> None:
         """Raise ValueError if the job can never run on this generator (checked again by enqueue)."""
-        if job.serial is not None and job.serial in self._sessions:
-            raise ValueError(f"{job!r} is already enqueued")
+        if job.generator is not None:
+            where = "this generator" if job.generator is self else "another generator"
+            raise ValueError(f"{job!r} is already enqueued on {where}; create a new DynamicJob to run it again")
         vocab = self.model.config.vocab_size
         bad = [t for t in job.prompt_ids if not 0 <= t < vocab and not is_mm_id(t)]
         if bad:
             raise ValueError(f"input_ids holds token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}")
+        _check_vocab_ids(job, vocab)
         check_embeddings_fit(self.model, job.embeddings)
         total = len(job.prompt_ids) + job.max_new_tokens
         needed = self.page_table.pages_for(total)
@@ -161,11 +164,14 @@ class DynamicGenerator:
             )
 
     def cancel(self, job: DynamicJob) -> bool:
-        """Stop a job at any stage and free its pages. Returns False if it was not queued or running."""
+        """Stop a job at any stage and free its pages. Returns False if it was not queued or running here
+        (never enqueued, already ended, or a job of another generator, which is left alone)."""
         with self._lock:
-            session = self._sessions.pop(job.serial, None) if job.serial is not None else None
-            if session is None:
-                return False
+            session = self._sessions.get(job.serial) if job.serial is not None else None
+            if session is None or session.job is not job:
+                return False  # serials are per generator: another generator's job may share this one's serial
+            del self._sessions[job.serial]
+            job.generator = None
             self.scheduler.finish(session.seq)
             self._draft_known.pop(job.serial, None)
             return True
@@ -202,24 +208,33 @@ class DynamicGenerator:
                 self.cache.copy_page(c.src, c.dst, c.num_tokens)
             self.scheduler.copies_done()
             now = time.perf_counter()
+            failures: list[tuple[DynamicJob, BaseException]] = []
             for seq in admitted:
                 session = self._sessions[seq.serial]
-                session.start(now, self.model.config.vocab_size)
+                try:
+                    session.start(now, self.model.config.vocab_size)
+                except Exception as e:  # this job's settings cannot start: it fails alone, its batch goes on
+                    failures.append((session.job, e))
+                    self.cancel(session.job)
+                    continue
                 results.append(session.base("started"))
             steps = self.scheduler.plan()
             if not steps:
+                if failures:
+                    self._buffered = results
+                    raise JobFailure(failures)
                 return results
             self._start_filter_masks(steps)
             try:
                 drafts = self._drafts(steps) if self.speculative else {}
                 logits = self._forward(steps, drafts)
             except Exception as e:
-                failed = [(self._sessions[s.seq.serial].job, e) for s in steps if not s.seq.shadow]
+                failures += [(self._sessions[s.seq.serial].job, e) for s in steps if not s.seq.shadow]
                 for s in steps:
-                    self.cancel(self._sessions[s.seq.serial].job)
+                    if s.seq.serial in self._sessions:  # a CFG pair's two steps share one session
+                        self.cancel(self._sessions[s.seq.serial].job)
                 self._buffered = results
-                raise JobFailure(failed) from e
-            failures: list[tuple[DynamicJob, BaseException]] = []
+                raise JobFailure(failures) from e
             sampled_steps = []
             for step in steps:
                 self.scheduler.commit(step)
@@ -349,6 +364,7 @@ class DynamicGenerator:
 
     def _end(self, session: JobSession) -> None:
         self._sessions.pop(session.job.serial, None)
+        session.job.generator = None
         self._draft_known.pop(session.job.serial, None)
         self.scheduler.finish(session.seq)
 
@@ -557,6 +573,33 @@ class DynamicGenerator:
         if return_last_results:
             return out, (last[0] if isinstance(prompt, str) else last)
         return out
+
+
+def _check_vocab_ids(job: DynamicJob, vocab: int) -> None:
+    """Token ids a job names besides its prompt must be in the model's vocabulary (0..vocab - 1)."""
+    stop = sorted(t for t in job.stop_tokens if t >= vocab)
+    if stop:
+        raise ValueError(
+            f"stop_conditions holds token ids outside the vocabulary (0..{vocab - 1}): {stop[:5]}; pass ids the "
+            "tokenizer gives, e.g. tokenizer.eos_token_ids"
+        )
+    settings = job.gen_settings
+    bias = settings.token_bias
+    if isinstance(bias, torch.Tensor) and bias.numel() > vocab:
+        raise ValueError(
+            f"gen_settings.token_bias has {bias.numel()} entries but the vocabulary has {vocab} tokens; pass a "
+            f"[{vocab}] tensor or a dict token id -> bias"
+        )
+    named = {
+        "gen_settings.token_bias": bias if isinstance(bias, dict) else (),
+        "gen_settings.disallowed_tokens": settings.disallowed_tokens,
+    }
+    for name, ids in named.items():
+        bad = sorted(t for t in ids if t >= vocab)
+        if bad:
+            raise ValueError(
+                f"{name} holds token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}; use ids below {vocab}"
+            )
 
 
 def _check_speculation(cache, draft_model, draft_cache, num_draft_tokens, use_ngram_draft, max_ngram, max_q_size):

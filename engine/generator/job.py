@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -50,6 +51,69 @@ def _check_filters(filters: Any, token_healing: bool) -> list[Filter]:
     return list(filters)
 
 
+def check_text(name: str, text: str) -> None:
+    """A lone surrogate ("\\udcff", e.g. from a file name decoded with surrogateescape) is no character: no
+    tokenizer can encode it and no decoded text contains it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{name} holds {text!r}, which is not valid text ({e.reason} at position {e.start}); "
+            "pass strings of real characters"
+        ) from None
+
+
+def _count(name: str, value: Any, lo: int) -> int:
+    # bool is an int to Python, but max_new_tokens=True is a mistake, not a request for one token.
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
+    return int(value)
+
+
+def _check_stop_conditions(stop_conditions: Any) -> tuple[set[int], list[str]]:
+    if stop_conditions is None:
+        return set(), []
+    if isinstance(stop_conditions, str):
+        raise ValueError(
+            f"stop_conditions must be a list of token ids and strings, got the string {stop_conditions!r} (which "
+            f"would stop on each of its characters); pass [{stop_conditions!r}] to stop on that string"
+        )
+    if isinstance(stop_conditions, Integral) and not isinstance(stop_conditions, bool):
+        raise ValueError(
+            f"stop_conditions must be a list of token ids and strings, got the int {stop_conditions!r}; "
+            f"pass [{stop_conditions!r}] to stop on that token"
+        )
+    if not isinstance(stop_conditions, Iterable):
+        raise ValueError(
+            f"stop_conditions must be a list of token ids (int) and strings, got {type(stop_conditions).__name__} "
+            f"({stop_conditions!r}), e.g. [tokenizer.eos_token_id, '\\n\\n']"
+        )
+    stop_tokens: set[int] = set()
+    stop_strings: list[str] = []
+    for cond in stop_conditions:
+        if isinstance(cond, bool) or not isinstance(cond, (Integral, str)):
+            raise ValueError(
+                f"stop_conditions may hold token ids (int) and strings, not {type(cond).__name__} ({cond!r})"
+            )
+        if isinstance(cond, str):
+            check_text("stop_conditions", cond)
+            if cond:
+                stop_strings.append(cond)
+        elif cond < 0:
+            raise ValueError(f"stop_conditions holds the token id {cond}; token ids are >= 0")
+        else:
+            stop_tokens.add(int(cond))
+    return stop_tokens, stop_strings
+
+
+def _check_seed(seed: Any) -> int | None:
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be None (random) or an int in [0, 2**64), got {seed!r}")
+    return int(seed)
+
+
 class DynamicJob:
     """A generation request. Create it, hand it to `DynamicGenerator.enqueue`, read results from `iterate()`.
 
@@ -90,31 +154,25 @@ class DynamicJob:
             self.cfg_scale = check_cfg_scale(gen_settings)
         if not self.prompt_ids:
             raise ValueError("input_ids is empty: a job needs at least one prompt token")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-        if not 0 <= min_new_tokens <= max_new_tokens:
+        max_new_tokens = _count("max_new_tokens", max_new_tokens, 1)
+        min_new_tokens = _count("min_new_tokens", min_new_tokens, 0)
+        if min_new_tokens > max_new_tokens:
             raise ValueError(
                 f"min_new_tokens ({min_new_tokens}) must be between 0 and max_new_tokens ({max_new_tokens})"
             )
-        if max_skips < 0:
-            raise ValueError(f"max_skips must be >= 0, got {max_skips}")
-        if return_top_tokens < 0:
-            raise ValueError(f"return_top_tokens must be >= 0, got {return_top_tokens}")
-        stop_tokens: set[int] = set()
-        stop_strings: list[str] = []
-        for cond in stop_conditions or ():
-            if isinstance(cond, bool) or not isinstance(cond, (int, str)):
-                raise ValueError(
-                    f"stop_conditions may hold token ids (int) and strings, not {type(cond).__name__} ({cond!r})"
-                )
-            if isinstance(cond, int):
-                stop_tokens.add(cond)
-            elif cond:
-                stop_strings.append(cond)
+        max_skips = _count("max_skips", max_skips, 0)
+        return_top_tokens = _count("return_top_tokens", return_top_tokens, 0)
+        if gen_settings is not None and not isinstance(gen_settings, SamplerSettings):
+            raise ValueError(f"gen_settings must be a SamplerSettings, got {type(gen_settings).__name__}")
+        seed = _check_seed(seed)
+        stop_tokens, stop_strings = _check_stop_conditions(stop_conditions)
         check_job_embeddings(self.prompt_ids, list(embeddings or ()))
+        if isinstance(banned_strings, str):
+            raise ValueError(f"banned_strings must be a list of strings; pass [{banned_strings!r}]")
         for s in banned_strings or ():
             if not isinstance(s, str) or not s:
                 raise ValueError(f"banned_strings must be non-empty strings, got {s!r}")
+            check_text("banned_strings", s)
 
         self.max_new_tokens = max_new_tokens
         self.min_new_tokens = min_new_tokens
@@ -136,6 +194,7 @@ class DynamicJob:
 
         # Set by the generator.
         self.serial: int | None = None
+        self.generator: Any = None  # the DynamicGenerator it is queued on or running in; None once it ends
         self.time_enqueued = time.perf_counter()
 
     def __repr__(self) -> str:

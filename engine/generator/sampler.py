@@ -190,6 +190,15 @@ def _breakers(name: str, value: Any) -> tuple[str, ...]:
     bad = [item for item in value if not isinstance(item, str) or not item]
     if bad:
         raise ValueError(f"SamplerSettings.{name} must hold non-empty strings, got {bad!r}")
+    for item in value:
+        # A lone surrogate ("\udcff") is no character: the tokenizer would fail on it when the job starts.
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"SamplerSettings.{name} holds {item!r}, which is not valid text ({e.reason}); "
+                "pass strings of real characters, e.g. ['\\n', ':']"
+            ) from None
     return value
 
 

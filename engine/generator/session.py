@@ -10,7 +10,7 @@ import torch
 from engine.generator.filters import JobFilters, unpack_bitmask
 from engine.generator.job import DynamicJob
 from engine.generator.results import Result
-from engine.generator.sampler import SampleOutput, SamplerState, sample
+from engine.generator.sampler import SampleOutput, SamplerState, sample, tokenize_breakers
 from engine.generator.scheduler import Seq
 from engine.generator.text import TextTracker
 
@@ -49,7 +49,15 @@ class JobSession:
 
         self.time_admitted = now
         self.vocab_size = vocab_size
-        self.state = SamplerState(self.job.gen_settings, self.prompt_ids, seed=self.job.seed, tokenizer=self.tokenizer)
+        settings = self.job.gen_settings
+        try:
+            breaker_ids = tokenize_breakers(settings.dry_sequence_breakers, self.tokenizer)
+        except Exception as e:
+            raise ValueError(
+                f"the tokenizer could not encode dry_sequence_breakers {settings.dry_sequence_breakers!r} "
+                f"({type(e).__name__}: {e}); pass other breaker strings"
+            ) from e
+        self.state = SamplerState(settings, self.prompt_ids, seed=self.job.seed, dry_breaker_ids=breaker_ids)
         self.detok = StreamingDetokenizer(self.tokenizer, decode_special_tokens=self.job.decode_special_tokens)
         self._heal_pending = self.heal_text is not None
         if self.heal_text is not None:
