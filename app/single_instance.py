@@ -298,7 +298,7 @@ async def send_in_new_chat(window: Any, prompt: str, images: list[str]) -> bool:
     try:
         if not await window.service.wait_loaded():
             raise RuntimeError("no model is loaded")
-        tab = window.new_chat()
+        tab = window.new_prompt_chat()  # default settings, as `tandem --prompt` uses
         if images:
             await tab.attach_files(images)
             if len(tab.strip.attachments()) != len(images):
