@@ -28,7 +28,7 @@ import torch
 from engine.errors import MissingFileError, TokenizerLoadError
 
 if TYPE_CHECKING:
-    from engine.loading.gguf_file import GGUFFile
+    from engine.gguf_file import GGUFFile
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class Tokenizer:
             raise MissingFileError(f"{path} does not exist. Give a model folder or a .gguf file.")
         if path.is_file():
             if path.suffix.lower() == ".gguf":
-                from engine.loading.gguf_file import GGUFFile
+                from engine.gguf_file import GGUFFile
 
                 return cls.from_gguf(GGUFFile.open(path))
             if path.name in ("tokenizer.json", "tokenizer.model"):

@@ -33,7 +33,7 @@ from engine.tokenizer_spm import (
 )
 
 if TYPE_CHECKING:
-    from engine.loading.gguf_file import GGUFFile
+    from engine.gguf_file import GGUFFile
 
 log = logging.getLogger(__name__)
 

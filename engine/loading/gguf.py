@@ -21,7 +21,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.errors import CorruptFileError, ModelLoadError, TensorMismatchError, UnsupportedArchitectureError
-from engine.loading.gguf_file import GGUFFile
+from engine.gguf_file import GGUFFile
 from engine.memory import release_freed_memory, release_mapped_pages
 from engine.models.linear import BlockWeight, QuantizedWeight, SplitWeight
 from kernels import ops

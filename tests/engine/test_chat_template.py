@@ -302,7 +302,7 @@ def starter(starter_gguf):
     """(our ChatTemplate, transformers tokenizer) for the starter GGUF."""
     from transformers import AutoTokenizer
 
-    from engine.loading.gguf_file import GGUFFile
+    from engine.gguf_file import GGUFFile
 
     path = Path(starter_gguf)
     metadata = GGUFFile(path).metadata
