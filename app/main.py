@@ -108,7 +108,18 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         store = opened.store
         service = EngineService(speculation=load_speculation(store))  # the model manager's saved choice
-        window = MainWindow(store, service)
+        try:
+            window = MainWindow(store, service)  # restores the open chats, or saves a first one
+        except StoreError as e:  # a full disk, or a file turned read-only: nothing saved is lost
+            message = (
+                f"Tandem could not write to its data file: {e} Free some disk space (or check the file's "
+                "permissions) and start Tandem again; the chats already saved are intact."
+            )
+            print(f"tandem: {message}", file=sys.stderr)
+            if not args.quit_after_answer:
+                QMessageBox.critical(None, "Tandem cannot save its data", message)
+            store.close()
+            return 1
         window.show()
         if opened.notice:
             print(f"tandem: {opened.notice}", file=sys.stderr)

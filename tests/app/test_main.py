@@ -344,3 +344,19 @@ def test_quit_after_answer_also_answers_in_a_new_chat(qapp, tiny_folder, tmp_pat
     assert main(["--model", str(tiny_folder), "--prompt", "Hello", "--quit-after-answer"]) == 0
     answer = check_prompt_chat(data, json_chat_id, json_settings, defaults, "Hello")
     assert capsys.readouterr().out == answer + "\n"
+
+
+def test_a_disk_full_at_start_ends_with_a_message_not_a_traceback(qapp, tiny_folder, tmp_path, monkeypatch, capsys):
+    # the window saves a first chat as it opens; a disk that refuses it used to end the app with a traceback
+    from app.store import StoreError
+    from app.store.chats import ChatsMixin
+
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path))
+
+    def full(*args, **kwargs):
+        raise StoreError("database or disk is full.")
+
+    monkeypatch.setattr(ChatsMixin, "create_chat", full)
+    assert main(["--model", str(tiny_folder), "--prompt", "hi", "--quit-after-answer"]) == 1
+    err = capsys.readouterr().err
+    assert "could not write to its data file: database or disk is full" in err and "Traceback" not in err
