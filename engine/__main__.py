@@ -102,14 +102,12 @@ class Session:
 
 
 def _chat_ids(session: Session, messages: list[dict], images=()):
+    from engine.chat_prompt import encode_chat
     from engine.chat_template import ChatTemplate
-    from engine.vision.prompt import DEFAULT_PLACEHOLDER, render_with_images
 
     template = ChatTemplate.from_tokenizer(session.tokenizer)
     vision = getattr(session.model, "vision", None)
-    placeholder = getattr(vision, "image_placeholder", None) or DEFAULT_PLACEHOLDER
-    text = render_with_images(template, messages, list(images), placeholder=placeholder)
-    return session.tokenizer.encode(text, encode_special_tokens=True, embeddings=list(images) or None)
+    return encode_chat(session.tokenizer, template, messages, images, getattr(vision, "image_placeholder", None))
 
 
 def cmd_generate(args) -> int:
