@@ -669,8 +669,12 @@ class ChatTab(QWidget):
         except RuntimeError:  # the tab is built before the loop runs (the window opening): count once it does
             QTimer.singleShot(0, self, self.refresh_context_meter)
             return None
-        messages, shas = self._conversation()
-        pictures = [self.store.attachment_path(sha) for sha in shas]  # headers only: sizes decide the count
+        try:
+            messages, shas = self._conversation()
+            pictures = [self.store.attachment_path(sha) for sha in shas]  # headers only: sizes decide the count
+        except StoreError as e:  # a deferred count that fires after the store closed (the app shutting down)
+            log.info("chat %s: context not counted: %s", self.chat_id, e)
+            return None
         request, system_prompt = self._meter_request, self.chat.system_prompt
         return spawn(self._count(request, messages, system_prompt, pictures), name=f"count-{self.chat_id}")
 
