@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -189,7 +189,11 @@ class DynamicGenerator:
         return self.use_ngram_draft or self.draft_model is not None
 
     def num_remaining_jobs(self) -> int:
-        return len(self._sessions)
+        """Jobs queued or running, and ended jobs whose last results wait for the next iterate() (kept there
+        when an iterate() raised JobFailure or generate() ran their steps), so `while num_remaining_jobs()`
+        loses no result."""
+        held = {r["serial"] for r in self._buffered} - self._sessions.keys()
+        return len(self._sessions) + len(held)
 
     def num_active_jobs(self) -> int:
         return sum(1 for seq in self.scheduler.active if not seq.shadow)
@@ -221,8 +225,7 @@ class DynamicGenerator:
             steps = self.scheduler.plan()
             if not steps:
                 if failures:
-                    self._buffered = results
-                    raise JobFailure(failures)
+                    self._fail(results, failures)
                 return results
             self._start_filter_masks(steps)
             try:
@@ -233,8 +236,7 @@ class DynamicGenerator:
                 for s in steps:
                     if s.seq.serial in self._sessions:  # a CFG pair's two steps share one session
                         self.cancel(self._sessions[s.seq.serial].job)
-                self._buffered = results
-                raise JobFailure(failures) from e
+                self._fail(results, failures, e)
             sampled_steps = []
             for step in steps:
                 self.scheduler.commit(step)
@@ -245,9 +247,18 @@ class DynamicGenerator:
                     results.append(session.prefill_result())
             results.extend(self._sample_and_emit(sampled_steps, logits, failures, drafts))
             if failures:
-                self._buffered = results
-                raise JobFailure(failures)
+                self._fail(results, failures)
             return results
+
+    def _fail(
+        self, results: list[Result], failures: list[tuple[DynamicJob, BaseException]], cause: Exception | None = None
+    ) -> NoReturn:
+        """Raise JobFailure for removed jobs; the other jobs' results of this step wait for the next iterate()."""
+        failed = {job.serial for job, _ in failures}
+        self._buffered = [r for r in results if r["serial"] not in failed]
+        error = JobFailure(failures)
+        error.__cause__ = cause
+        raise error
 
     def _forward(self, steps: list[Step], drafts: dict[int, list[int]]) -> torch.Tensor:
         # A speculating step feeds its newest token and its drafted tokens; every one of them gets logits.

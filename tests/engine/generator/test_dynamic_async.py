@@ -11,7 +11,7 @@ import torch
 
 from engine.cache import Cache
 from engine.generator.dynamic import DynamicGenerator
-from engine.generator.dynamic_async import DynamicGeneratorAsync, DynamicJobAsync
+from engine.generator.dynamic_async import DynamicGeneratorAsync, DynamicJobAsync, GeneratorClosedError
 from engine.generator.job import DynamicJob
 from engine.generator.sampler import SamplerSettings
 
@@ -143,9 +143,11 @@ def test_close_ends_every_job_and_joins_the_thread(tiny_model):
         tasks = [asyncio.create_task(collect(j)) for j in jobs]
         await asyncio.sleep(0.2)
         await gen.close()
-        outs = await asyncio.gather(*tasks)
-        assert all(not o or not o[-1]["eos"] for o in outs)
+        outs = await asyncio.gather(*tasks, return_exceptions=True)
+        # Each ends with a clear outcome: the iteration raises, never stops as if the answer were whole.
+        assert all(isinstance(o, GeneratorClosedError) and "closed" in str(o) for o in outs)
         assert not gen._thread.is_alive()
+        assert gen.generator.page_table.referenced_pages() == []
         with pytest.raises(RuntimeError, match="closed"):
             DynamicJobAsync(gen, torch.tensor([[5]]), 2)
 

@@ -144,3 +144,17 @@ def test_failure_at_admission_fails_that_job_alone(tiny_model):
         assert results[i][-1]["new_tokens"] == 5
     assert "bad" not in results
     assert gen.page_table.referenced_pages() == []
+
+
+def test_results_of_an_iterate_that_raised_are_kept_for_the_next(tiny_model):
+    gen = make_gen(tiny_model)
+    no_logit = SamplerSettings(token_bias=torch.full((tiny_model.config.vocab_size,), -torch.inf))
+    gen.enqueue(
+        [DynamicJob(PROMPT, 1, gen_settings=GREEDY, identifier="ok"), DynamicJob(PROMPT, 3, gen_settings=no_logit)]
+    )
+    with pytest.raises(JobFailure, match="no finite logit"):
+        gen.iterate()  # the good job's only token and its eos came out of this same call
+    assert gen.num_remaining_jobs() == 1  # so `while num_remaining_jobs(): iterate()` still collects them
+    results = run_all(gen)
+    assert results["ok"][-1]["eos"] and results["ok"][-1]["new_tokens"] == 1
+    assert gen.num_remaining_jobs() == 0
