@@ -47,6 +47,7 @@ from app.service.memory_plan import (
 )
 from app.service.speculation import Speculation, generator_arguments
 from engine import Cache, DynamicGeneratorAsync, DynamicJobAsync, Model, SamplerSettings, Tokenizer
+from engine.chat_prompt import encode_chat
 from engine.chat_template import ChatTemplate
 from engine.errors import ChatTemplateError, ModelLoadError
 from engine.generator.filters import JSONFilter
@@ -55,7 +56,7 @@ from engine.memory_fit import MemoryNeed, NotEnoughMemoryError, check_memory
 from engine.model_info import ModelInfo, read_model_info
 from engine.models.vision import vision_of
 from engine.vision.embedding import MMEmbedding
-from engine.vision.prompt import DEFAULT_PLACEHOLDER, count_images, render_with_images
+from engine.vision.prompt import DEFAULT_PLACEHOLDER, count_images
 
 log = logging.getLogger(__name__)
 
@@ -565,17 +566,9 @@ class EngineService(QObject):
         if system_prompt:
             messages = [{"role": "system", "content": system_prompt}, *messages]
         images = list(images or ())
-        if images or count_images(messages):
-            if loaded.vision is None:
-                raise ValueError(_no_vision_message(loaded.name))
-            text = render_with_images(loaded.template, messages, images, placeholder=self.image_placeholder)
-        else:
-            text = loaded.template.render(messages, add_generation_prompt=True)
-        tokenizer = loaded.tokenizer
-        # Templates usually write BOS themselves; add it only where the model wants it and the text lacks it.
-        bos = tokenizer.bos_token
-        add_bos = tokenizer.add_bos_token and not (bos and text.startswith(bos))
-        return tokenizer.encode(text, add_bos=add_bos, encode_special_tokens=True, embeddings=images or None)
+        if (images or count_images(messages)) and loaded.vision is None:
+            raise ValueError(_no_vision_message(loaded.name))
+        return encode_chat(loaded.tokenizer, loaded.template, messages, images, self.image_placeholder)
 
     def count_tokens(
         self,

@@ -47,10 +47,10 @@ FOLLOW_UP = "Thank you. Now summarize our whole conversation in two sentences."
 
 
 def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    from engine.chat_prompt import encode_chat
     from engine.chat_template import ChatTemplate
 
-    text = ChatTemplate.from_tokenizer(tokenizer).render(messages, add_generation_prompt=True)
-    return tokenizer.encode_ids(text, encode_special_tokens=True)
+    return encode_chat(tokenizer, ChatTemplate.from_tokenizer(tokenizer), messages)[0].tolist()
 
 
 def _text_until(tokenizer, target_tokens: int, seed: int, question: str) -> list[dict]:
