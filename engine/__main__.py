@@ -1,4 +1,4 @@
-"""Command line: fetch-starter, info, generate, chat, bench.  Completions go to stdout, everything else to stderr."""
+"""Command line: fetch-starter, info, generate, chat, serve, bench.  Completions go to stdout, everything else to stderr."""
 
 from __future__ import annotations
 
@@ -210,6 +210,12 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from engine.server.command import run
+
+    return run(args, _model_path(args.model))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine", description="Tandem's inference engine")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -231,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     c = sub.add_parser("chat", help="interactive chat in the terminal")
     _add_model_args(c)
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP API on the model (chat completions, completions)")
+    from engine.server.command import add_arguments as add_serve_arguments
+
+    add_serve_arguments(s)
     b = sub.add_parser("bench", help="speed and memory against transformers on the same model")
     try:
         from engine import bench
@@ -246,7 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     from engine.errors import ChatTemplateError, ModelLoadError, StarterFetchError
 
-    handlers = {"fetch-starter": cmd_fetch_starter, "info": cmd_info, "generate": cmd_generate, "chat": cmd_chat}
+    handlers = {
+        "fetch-starter": cmd_fetch_starter,
+        "info": cmd_info,
+        "generate": cmd_generate,
+        "chat": cmd_chat,
+        "serve": cmd_serve,
+    }
     try:
         if args.command == "bench":
             return bench.run(args)

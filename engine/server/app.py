@@ -1,0 +1,160 @@
+"""The routes: read and check a request, build its prompt, start its job, reply whole or as a stream.
+
+    POST /v1/chat/completions   messages -> chat template -> job      ChatFormat
+    POST /v1/completions        prompt -> tokens -> job               CompletionFormat
+    GET  /v1/models, /health
+
+A route only translates: params.py checks fields, messages.py reads messages, served.py owns the model and
+its generator, results.py/responses.py shape replies, stream.py streams them and watches the client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from engine.generator.dynamic_async import DynamicJobAsync
+from engine.server.errors import EXCEPTION_HANDLERS, APIError
+from engine.server.guard import DEFAULT_MAX_BODY_BYTES, check_api_key, read_json
+from engine.server.messages import read_messages
+from engine.server.params import Generation, chat_request, completion_request
+from engine.server.responses import ChatFormat, CompletionFormat
+from engine.server.results import pieces
+from engine.server.served import ServedModel
+from engine.server.stream import DONE, ClientGone, EventStream, sse, unless_disconnected
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    api_key: str | None = None  # None: no key needed
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+def create_app(served: ServedModel, options: ServerOptions = ServerOptions()) -> Starlette:
+    """The ASGI app serving `served`; its generator starts with the app and closes with it."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        served.start()
+        try:
+            yield
+        finally:
+            await served.close()
+
+    async def models(request: Request) -> Response:
+        check_api_key(request, options.api_key)
+        card = {
+            "id": served.model_id,
+            "object": "model",
+            "created": served.created,
+            "owned_by": "tandem",
+            "max_model_len": served.context,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(request: Request) -> Response:
+        # Open without a key, for load balancers and the app's running-state check.
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": served.model_id,
+                "requests_in_flight": served.in_flight,
+                "cache_pages_in_use": served.pages_in_use(),
+                "cache_pages": served.cache.num_pages,
+            }
+        )
+
+    async def chat_completions(request: Request) -> Response:
+        check_api_key(request, options.api_key)
+        req = chat_request(await read_json(request, options.max_body_bytes))
+        served.check_model(req.generation.model)
+        ids, images = await served.chat_prompt(read_messages(req.messages))
+        job = served.start_job(ids, images, req.generation)
+        return await _reply(request, served, job, req.generation, ChatFormat(served.model_id, req.generation.logprobs))
+
+    async def completions(request: Request) -> Response:
+        check_api_key(request, options.api_key)
+        req = completion_request(await read_json(request, options.max_body_bytes))
+        served.check_model(req.generation.model)
+        ids = await served.completion_prompt(req.prompt)
+        job = served.start_job(ids, [], req.generation, prompt_param="prompt")
+        fmt = CompletionFormat(served.model_id, req.generation.logprobs)
+        return await _reply(request, served, job, req.generation, fmt)
+
+    routes = [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+    ]
+    return Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
+
+
+async def _reply(
+    request: Request, served: ServedModel, job: DynamicJobAsync, gen: Generation, fmt: ChatFormat | CompletionFormat
+) -> Response:
+    """Stream the job's output or wait for all of it; either way the job ends and its slot is freed."""
+    finished = False
+    closed = False
+
+    async def close() -> None:
+        nonlocal closed
+        if closed:
+            return
+        closed = True
+        served.release()
+        if not finished:
+            await job.cancel()  # the reply ended early (client gone, an error): stop the job, free its pages
+
+    results = pieces(job, served.tokenizer, gen.top_logprobs, gen.logprobs)
+    if gen.stream:
+
+        async def events():
+            nonlocal finished
+            first = fmt.first_chunk(gen.include_usage)
+            if first is not None:
+                yield sse(first)
+            try:
+                async for piece in results:
+                    chunk = fmt.chunk(piece, gen.include_usage)
+                    if chunk is not None:
+                        yield sse(chunk)
+                    if piece.final is not None:
+                        finished = True
+                        if gen.include_usage:
+                            yield sse(fmt.usage_chunk(piece.final))
+            except Exception as e:  # the job failed in the engine: say so in the stream, which has begun
+                log.exception("a streamed job failed")
+                yield sse(APIError(500, f"Generation failed: {type(e).__name__}: {e}").body())
+            yield DONE
+
+        return EventStream(events(), on_close=close)
+
+    async def collect():
+        nonlocal finished
+        entries = []
+        async for piece in results:
+            entries += piece.logprobs
+            if piece.final is not None:
+                finished = True
+                return piece.final, entries
+        raise RuntimeError("the job ended without a final result")
+
+    try:
+        final, entries = await unless_disconnected(request.receive, collect())
+    except ClientGone:
+        return Response(status_code=499)  # nobody is left to read it
+    except Exception as e:
+        log.exception("a job failed")
+        raise APIError(500, f"Generation failed: {type(e).__name__}: {e}") from None
+    finally:
+        await close()
+    return JSONResponse(fmt.body(final["full_completion"], entries, final))

@@ -1,0 +1,116 @@
+"""OpenAI's reply shapes for chat completions and (legacy) completions: whole bodies and streamed chunks.
+
+Both endpoints share one flow (app.py); a format object is the only thing that differs between them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from engine.server.results import Piece, TokenLogprob, finish_reason, usage
+
+
+class ChatFormat:
+    """`chat.completion` bodies and `chat.completion.chunk` stream events."""
+
+    def __init__(self, model: str, logprobs: bool):
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+        self.logprobs = logprobs
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def _logprobs(self, entries: list[TokenLogprob]) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        return {"content": [_chat_logprob(e) for e in entries], "refusal": None}
+
+    def body(self, text: str, entries: list[TokenLogprob], final: dict[str, Any]) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "refusal": None},
+            "logprobs": self._logprobs(entries),
+            "finish_reason": finish_reason(final),
+        }
+        return {**self._head("chat.completion"), "choices": [choice], "usage": usage(final)}
+
+    def first_chunk(self, include_usage: bool) -> dict[str, Any] | None:
+        delta = {"role": "assistant", "content": ""}
+        return self._chunk(delta, None, None, include_usage)
+
+    def chunk(self, piece: Piece, include_usage: bool) -> dict[str, Any] | None:
+        if not piece.text and not piece.logprobs and piece.final is None:
+            return None
+        reason = finish_reason(piece.final) if piece.final is not None else None
+        delta = {"content": piece.text} if piece.text or piece.final is None else {}
+        return self._chunk(delta, self._logprobs(piece.logprobs), reason, include_usage)
+
+    def _chunk(self, delta: dict, logprobs: Any, reason: str | None, include_usage: bool) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+        head = self._head("chat.completion.chunk")
+        return {**head, "choices": [choice], **({"usage": None} if include_usage else {})}
+
+    def usage_chunk(self, final: dict[str, Any]) -> dict[str, Any]:
+        return {**self._head("chat.completion.chunk"), "choices": [], "usage": usage(final)}
+
+
+class CompletionFormat:
+    """`text_completion` bodies and stream events."""
+
+    def __init__(self, model: str, logprobs: bool):
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+        self.logprobs = logprobs
+        self._offset = 0  # characters of completion text before the next piece (for text_offset)
+
+    def _head(self) -> dict[str, Any]:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model}
+
+    def _logprobs(self, entries: list[TokenLogprob], offset: int) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        offsets = []
+        for e in entries:
+            offsets.append(offset)
+            offset += len(e.text)
+        return {
+            "tokens": [e.text for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{text: lp for text, _, lp in e.top} for e in entries],
+            "text_offset": offsets,
+        }
+
+    def _choice(self, text: str, entries: list[TokenLogprob], reason: str | None) -> dict[str, Any]:
+        choice = {"index": 0, "text": text, "logprobs": self._logprobs(entries, self._offset), "finish_reason": reason}
+        self._offset += len(text)
+        return choice
+
+    def body(self, text: str, entries: list[TokenLogprob], final: dict[str, Any]) -> dict[str, Any]:
+        return {**self._head(), "choices": [self._choice(text, entries, finish_reason(final))], "usage": usage(final)}
+
+    def first_chunk(self, include_usage: bool) -> dict[str, Any] | None:
+        return None  # completions have no role chunk
+
+    def chunk(self, piece: Piece, include_usage: bool) -> dict[str, Any] | None:
+        if not piece.text and not piece.logprobs and piece.final is None:
+            return None
+        reason = finish_reason(piece.final) if piece.final is not None else None
+        choice = self._choice(piece.text, piece.logprobs, reason)
+        return {**self._head(), "choices": [choice], **({"usage": None} if include_usage else {})}
+
+    def usage_chunk(self, final: dict[str, Any]) -> dict[str, Any]:
+        return {**self._head(), "choices": [], "usage": usage(final)}
+
+
+def _chat_logprob(e: TokenLogprob) -> dict[str, Any]:
+    return {
+        "token": e.text,
+        "logprob": e.logprob,
+        "bytes": list(e.data),
+        "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(b)} for t, b, lp in e.top],
+    }
