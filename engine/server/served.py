@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 PAGE_SIZE = 256
 MAX_CACHE_TOKENS = 32768  # beyond one context, the cache grows with max_concurrent up to this
+# The generator keeps every generated token's float32 logits row for a job that returns logits (logprobs need
+# them), so such a job's length is bounded by this much memory: about 2,700 tokens for a 49k vocabulary.
+LOGPROBS_BYTES = 512 * 1024 * 1024
 
 
 def cache_tokens(context: int, max_concurrent: int, page_size: int = PAGE_SIZE) -> int:
@@ -168,6 +171,8 @@ class ServedModel:
         """Enqueue the request's job; 400 when it cannot fit the context, 503 when the queue is full."""
         num_prompt = int(ids.shape[-1])
         max_tokens = self._check_context(num_prompt, generation.max_tokens, prompt_param)
+        if generation.logprobs:
+            max_tokens = self._check_logprobs(max_tokens, asked=generation.max_tokens is not None)
         if self.in_flight >= self.max_concurrent + self.max_queue:
             raise APIError(
                 503,
@@ -201,6 +206,19 @@ class ServedModel:
 
     def release(self) -> None:
         self.in_flight -= 1
+
+    def _check_logprobs(self, max_tokens: int, asked: bool) -> int:
+        vocab = self.model.config.vocab_size
+        most = max(1, LOGPROBS_BYTES // (4 * vocab))
+        if max_tokens <= most:
+            return max_tokens
+        if not asked:
+            return most  # no max_tokens given: the completion may run until the logits budget is spent
+        raise bad_request(
+            f"With logprobs a completion keeps the model's {vocab} logits of every token, so max_tokens may be at "
+            f"most {most} here (asked for {max_tokens}). Lower max_tokens, or ask without logprobs.",
+            "max_tokens",
+        )
 
     def _check_context(self, num_prompt: int, max_tokens: int | None, param: str) -> int:
         room = self.context - num_prompt

@@ -309,7 +309,7 @@ def test_a_vision_model_reads_data_url_images():
 
 
 def test_each_error_has_openai_shape_and_status(server):
-    url, _ = server
+    url, served = server
     c = client(url)
     base = dict(model="starter", messages=USER, max_tokens=4)
 
@@ -323,6 +323,11 @@ def test_each_error_has_openai_shape_and_status(server):
     long = fails(openai.BadRequestError, messages=[{"role": "user", "content": "word " * 1500}])
     assert long.code == "context_length_exceeded" and str(CONTEXT) in long.message
     assert "1500" in fails(openai.BadRequestError, max_tokens=1500).message
+    served.context, context = 8192, served.context  # room for more logits than a logprobs job may keep
+    try:
+        assert fails(openai.BadRequestError, max_tokens=8000, logprobs=True).param == "max_tokens"
+    finally:
+        served.context = context
     web = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
     assert "only data: URLs" in fails(openai.BadRequestError, messages=[{"role": "user", "content": [web]}]).message
     inline = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
