@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtWidgets import QMessageBox
 
     from app.service import EngineService
+    from app.gui_gc import GuiThreadCollector
     from app.service.speculation import load_speculation
     from app.single_instance import SingleInstance
     from app.store import StoreError
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.ui.tasks import spawn
 
     app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "tandem"])
+    collector = GuiThreadCollector(app)  # Qt objects are freed on the GUI thread only (app/gui_gc.py)
     app.setApplicationName("Tandem")
     app.setDesktopFileName(APP_ID)  # Wayland matches the window to the .desktop file (and its icon) by this
     _set_icon(app)
@@ -144,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(status) if isinstance(status, int) and status >= 0 else 0
     finally:
         instance.close()
+        collector.stop()
         asyncio.set_event_loop(None)
         loop.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import sys
@@ -22,6 +23,23 @@ OFFLINE_PIP = {
     "PIP_RETRIES": "0",
     "PIP_TIMEOUT": "2",
 }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def collect_on_the_gui_thread(qapp):
+    """As in the app (app/gui_gc.py): Qt objects are freed on the GUI thread, by its own collections while
+    the event loop runs and by one after each test, never by a worker thread that happens to allocate."""
+    from app.gui_gc import GuiThreadCollector
+
+    collector = GuiThreadCollector(qapp)
+    yield collector
+    collector.stop()
+
+
+@pytest.fixture(autouse=True)
+def _collect_after_each_test(collect_on_the_gui_thread):
+    yield
+    gc.collect()
 
 
 @pytest.fixture
