@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QMessageBox
 
-    from app.service import EngineService
     from app.gui_gc import GuiThreadCollector
+    from app.service import EngineService
     from app.service.speculation import load_speculation
     from app.single_instance import SingleInstance
     from app.store import StoreError
