@@ -1,21 +1,27 @@
-"""Paged attention on CPU tensors through the C kernels: paged_decode.c for decode steps, paged_prefill.c
-for prompts.
+"""Paged attention on CPU tensors through the C kernels: paged_prefill.c for bfloat16 caches, paged_decode.c
+for the rest.
 
-Decode: when every sequence has at most `MAX_QUERIES` new tokens (a decode step, or the few tokens a
-speculative step verifies) and the cache is float32 or bfloat16. The kernel serves one query per row: a
-sequence with several new tokens becomes one row per token, each seeing the keys up to its own position,
-so a verified draft token is scored by the same arithmetic as the same token decoded alone.
+One arithmetic per query row, whatever else is in the call. A bfloat16 cache with head_dim a multiple of 32
+on a CPU with AVX512-BF16 takes paged_prefill.c for every call: prompts, decode steps and verified drafts.
+Its rows are computed independently (the same key blocks, the same dot-product chains), so a token's
+attention is the same bits whether it is the last of a 1,000-token prompt, a prompt's last chunk of 3
+tokens, the one token recomputed after a prefix-cache hit, or a decode step. (With the decode kernel for
+short calls, a prompt's last token was computed one way cold and another way on a cache hit, and the two
+round differently: greedy answers changed when a prompt was cached.)
 
-Prompts: longer runs of new tokens over a bfloat16 cache with head_dim a multiple of 32, on a CPU with
-AVX512-BF16.
+Otherwise (float32 caches, other head sizes, CPUs without AVX512-BF16) the decode kernel serves calls
+where every sequence has at most `MAX_QUERIES` new tokens: one query per row, a sequence with several new
+tokens as one row per token, each seeing the keys up to its own position, so a verified draft token is
+scored by the same arithmetic as the same token decoded alone. Longer runs go to the torch twin.
 
-Anything else (float16, CUDA, head sizes over 256, GQA groups over 16, float32 prompts) returns None and
-goes to the next backend.
+Anything else (float16, CUDA, head sizes over 256, GQA groups over 16) returns None and goes to the next
+backend.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -77,6 +83,8 @@ def paged_attention(
 ) -> torch.Tensor | None:
     if not query_lens or q.shape[0] != sum(query_lens) or not _handles(q, k_cache, v_cache, _DTYPES):
         return None
+    if _prefill_serves(q, k_cache):
+        return _prefill(q, k_cache, v_cache, block_tables, query_lens, seq_lens_host, scale, sliding_window)
     if max(query_lens) > MAX_QUERIES:
         if min(query_lens) <= MAX_QUERIES:  # each sequence by its own kernel: see _split
             return _split(q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
@@ -102,11 +110,16 @@ def paged_attention(
 def bind_decode(q, k_cache, v_cache, out, tables, lens, scale: float, sliding_window: int | None, threads):
     """The decode kernel and its arguments: one query row of q [rows, q heads, head_dim] (contiguous, the
     cache's dtype) per row of `tables` [rows, pages] and `lens` [rows] (int64, contiguous), into out like q;
-    or None. A call returns 0 when done. Kept by kernels/cpu/plan.py to replay a decode step."""
-    fn = _kernel()
-    if fn is None or not _handles(q, k_cache, v_cache, _DTYPES) or q.dtype != k_cache.dtype or not q.is_contiguous():
+    or None. A call returns 0 when done. Kept by kernels/cpu/plan.py to replay a decode step. Where
+    paged_attention takes the prefill kernel, so does this (each row a sequence of one new token)."""
+    if not _handles(q, k_cache, v_cache, _DTYPES) or q.dtype != k_cache.dtype or not q.is_contiguous():
         return None
     if not out.is_contiguous() or tables.stride(1) != 1 or not lens.is_contiguous() or tables.dtype != torch.int64:
+        return None
+    if _prefill_serves(q, k_cache):
+        return _bind_prefill_rows(q, k_cache, v_cache, out, tables, lens, scale, sliding_window, threads)
+    fn = _kernel()
+    if fn is None:
         return None
     sizes = (q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], sliding_window or 0)
     args = (*_cache_pointers(q, k_cache, v_cache, out), tables.data_ptr(), tables.stride(0), lens.data_ptr())
@@ -147,6 +160,61 @@ def _split(
             return None
         out[rows] = part
     return out
+
+
+def _prefill_serves(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the prefill kernel takes this call: a bfloat16 cache, head_dim a multiple of 32, and a build
+    with AVX512-BF16 (the kernel returns -1 without it; _prefill_kernel is None without a compiler)."""
+    return k_cache.dtype == torch.bfloat16 and q.shape[2] % 32 == 0 and _prefill_built()
+
+
+@functools.cache
+def _prefill_built() -> bool:
+    """Whether this CPU's build of paged_prefill.c computes (probed once with an empty call)."""
+    fn = _prefill_kernel()
+    if fn is None:
+        return False
+    none = torch.zeros(1, dtype=torch.int64)
+    # no sequences: returns 0 at once when the kernel is compiled in, -1 when this build lacks AVX512-BF16
+    return (
+        fn(
+            *(0,) * 4,
+            1,
+            1,
+            1,
+            none.data_ptr(),
+            1,
+            none.data_ptr(),
+            none.data_ptr(),
+            none.data_ptr(),
+            0,
+            1,
+            1,
+            32,
+            1,
+            0,
+            1.0,
+            1,
+        )
+        == 0
+    )
+
+
+@functools.cache
+def _row_sequences(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query starts 0..rows-1 and lengths of 1: `rows` one-token sequences. Kept for good (a few bytes per
+    row count), since decode plans bind their addresses."""
+    return torch.arange(rows, dtype=torch.int64), torch.ones(rows, dtype=torch.int64)
+
+
+def _bind_prefill_rows(q, k_cache, v_cache, out, tables, lens, scale, sliding_window, threads):
+    fn = _prefill_kernel()
+    if fn is None:
+        return None
+    starts, counts = _row_sequences(q.shape[0])
+    sizes = (q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], sliding_window or 0)
+    args = (*_cache_pointers(q, k_cache, v_cache, out), tables.data_ptr(), tables.stride(0), lens.data_ptr())
+    return fn, (*args, starts.data_ptr(), counts.data_ptr(), *sizes, scale, threads)
 
 
 def _prefill(

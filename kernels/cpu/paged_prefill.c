@@ -1,4 +1,7 @@
-/* Causal attention of a prompt's new tokens over a paged bfloat16 KV cache, flash-attention style.
+/* Causal attention of new tokens over a paged bfloat16 KV cache, flash-attention style: a prompt's, and also
+   a decode step's or a verified draft's (kernels/cpu/attention.py sends every call here), since each query
+   row is computed the same whatever rows share the call, and one kernel for all keeps a token's bits the
+   same cold and after a prefix-cache hit.
 
    torch's CPU flash attention reads bfloat16 but does its arithmetic in float32; on a 1,679-token prompt
    it took about half of the first-token time. Here the products run on AVX512-BF16 dot products:
@@ -63,6 +66,41 @@ static inline __m512 exp_neg16(__m512 x) {
 
 static inline int64_t offset_of(const Work *w, const int64_t *table, int64_t kv_head, int64_t t) {
     return table[t / w->page_size] * w->page_stride + (t % w->page_size) * w->slot_stride + kv_head * w->head_stride;
+}
+
+/* keys[p][j] = dimension pair p of key start + j, for a whole block of KEYS keys: 16x16 tiles of 32-bit
+   pairs transposed in registers (unpack 32, unpack 64, two 128-bit lane shuffles). A decode step repacks
+   a block for only a few query rows, so this is much of its cost. */
+static inline void repack_keys(const Work *w, const int64_t *table, int64_t kv_head, int64_t start, int64_t pairs,
+                               uint32_t keys[][KEYS]) {
+    for (int64_t j0 = 0; j0 < KEYS; j0 += 16) {
+        const uint32_t *row[16];
+        for (int i = 0; i < 16; i++) row[i] = (const uint32_t *)(w->k + offset_of(w, table, kv_head, start + j0 + i));
+        for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+            __m512i r[16], t[16], u[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(row[i] + p0));
+            for (int i = 0; i < 16; i += 2) { /* lane L: rows i, i+1 at columns 4L, 4L+1 (lo) and 4L+2, 4L+3 (hi) */
+                t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+                t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+            }
+            for (int m = 0; m < 16; m += 4) { /* u[m + c], lane L: rows m .. m+3 at column 4L + c */
+                u[m] = _mm512_unpacklo_epi64(t[m], t[m + 2]);
+                u[m + 1] = _mm512_unpackhi_epi64(t[m], t[m + 2]);
+                u[m + 2] = _mm512_unpacklo_epi64(t[m + 1], t[m + 3]);
+                u[m + 3] = _mm512_unpackhi_epi64(t[m + 1], t[m + 3]);
+            }
+            for (int c = 0; c < 4; c++) { /* column 4L + c: lane L of u[c], u[4 + c], u[8 + c], u[12 + c] */
+                const __m512i lo01 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
+                const __m512i hi01 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+                const __m512i lo23 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+                const __m512i hi23 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+                _mm512_store_si512((void *)&keys[p0 + c][j0], _mm512_shuffle_i32x4(lo01, lo23, 0x88));
+                _mm512_store_si512((void *)&keys[p0 + 4 + c][j0], _mm512_shuffle_i32x4(lo01, lo23, 0xDD));
+                _mm512_store_si512((void *)&keys[p0 + 8 + c][j0], _mm512_shuffle_i32x4(hi01, hi23, 0x88));
+                _mm512_store_si512((void *)&keys[p0 + 12 + c][j0], _mm512_shuffle_i32x4(hi01, hi23, 0xDD));
+            }
+        }
+    }
 }
 
 /* Scores, softmax update and weighted values of `n` query rows (r0 ..) against one repacked key block;
@@ -186,12 +224,12 @@ static void run_task(const Work *w, int64_t seq, int64_t kv_head, int64_t block_
     for (int64_t start = (lowest / KEYS) * KEYS; start <= last_pos; start += KEYS) {
         const int64_t n_keys = length - start < KEYS ? length - start : KEYS;
         /* repack this block's keys and values (missing keys as zeros) */
-        for (int64_t j = 0; j < KEYS; j++) {
-            if (j < n_keys) {
-                const uint32_t *row = (const uint32_t *)(w->k + offset_of(w, table, kv_head, start + j));
-                for (int64_t p = 0; p < pairs; p++) keys[p][j] = row[p];
-            } else {
-                for (int64_t p = 0; p < pairs; p++) keys[p][j] = 0;
+        if (n_keys == KEYS) {
+            repack_keys(w, table, kv_head, start, pairs, keys);
+        } else {
+            for (int64_t j = 0; j < KEYS; j++) {
+                const uint32_t *row = j < n_keys ? (const uint32_t *)(w->k + offset_of(w, table, kv_head, start + j)) : 0;
+                for (int64_t p = 0; p < pairs; p++) keys[p][j] = row ? row[p] : 0;
             }
         }
         for (int64_t jp = 0; jp < KEYS / 2; jp++) {

@@ -241,3 +241,32 @@ def test_float32_prompts_go_to_the_twin():
     q = torch.zeros(20, 2, 32)
     args = (torch.tensor([[0, 1]]), torch.tensor([20]), [20], [20], 1.0)
     assert cpu_attention.paged_attention(q, k_cache, k_cache.clone(), *args) is None
+
+
+@prefill_available
+@pytest.mark.parametrize("window", [None, 40], ids=["causal", "window 40"])
+def test_a_token_gets_the_same_bits_in_any_call(window):
+    # The last token of a 150-token prompt: computed with the whole prompt (cold), in a last chunk of 3, alone
+    # after a prefix-cache hit, as a decode step beside another sequence, and through a decode plan's binding.
+    # One kernel for all, so greedy answers do not change when a prompt is cached.
+    g = torch.Generator().manual_seed(3)
+    k_cache = make_cache(12, 16, 3, 64, torch.bfloat16, True, g)
+    v_cache = make_cache(12, 16, 3, 64, torch.bfloat16, True, g)
+    q = torch.randn(150, 9, 64, generator=g).to(torch.bfloat16)
+    own, other = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [10, 11, 0, 0, 0, 0, 0, 0, 0, 0]
+    table, scale = torch.tensor([own]), 0.125
+
+    def attend(rows, tables, query_lens, seq_lens):
+        args = (tables, torch.tensor(seq_lens), query_lens, seq_lens, scale, window)
+        return cpu_attention.paged_attention(rows, k_cache, v_cache, *args)
+
+    cold = attend(q, table, [150], [150])
+    chunk = attend(q[147:], table, [3], [150])
+    alone = attend(q[149:], table, [1], [150])
+    beside = attend(torch.cat([q[149:], q[:1]]), torch.tensor([own, other]), [1, 1], [150, 20])
+    out, lens = torch.empty_like(q[149:]), torch.tensor([150])
+    fn, args = cpu_attention.bind_decode(q[149:].contiguous(), k_cache, v_cache, out, table, lens, scale, window, 2)
+    assert fn(*args) == 0
+    assert torch.equal(chunk, cold[147:])
+    for row in (alone[0], beside[0], out[0]):
+        assert torch.equal(row, cold[149])
