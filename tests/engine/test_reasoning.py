@@ -1,0 +1,141 @@
+"""engine/reasoning.py: reasoning blocks told apart from the answer, however the stream splits their tags.
+
+Tried: every way of cutting five answers into three chunks (a block then an answer, an answer with a "<think>"
+in its text, whitespace before a block, a stream that starts inside the block because the prompt opened
+it, a partial tag at the very end), one chunk per token through the engine's streaming detokenizer on a
+tokenizer whose tags are tokens of their own, prompts from a Qwen3-style template with thinking on and off
+and from a DeepSeek-R1-style one that opens the block itself, and the tag pairs found from a template's
+source or a vocabulary.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer as HFTokenizer
+
+from engine.detokenizer import StreamingDetokenizer
+from engine.reasoning import ReasoningFormat, reasoning_format, reasoning_format_of, split_reasoning
+
+THINK = ReasoningFormat("<think>", "</think>")
+
+# (generated text, the prompt before it, expected (reasoning, answer))
+ANSWERS = [
+    (
+        "<think>\nThe user wants colours.\n</think>\n\nRed, green and blue.",
+        "",
+        ("The user wants colours.", "Red, green and blue."),
+    ),
+    ("The answer <think> is text", "", ("", "The answer <think> is text")),
+    ("  \n<think>a</think>b", "", ("a", "b")),
+    (
+        "Still thinking</think>\n\nDone <think>x</think>",
+        "<|im_start|>assistant\n<think>\n",
+        ("Still thinking", "Done <think>x</think>"),
+    ),
+    ("Ends in a partial <thi", "", ("", "Ends in a partial <thi")),
+    ("<think>cut off by max_new_tokens</th", "", ("cut off by max_new_tokens</th", "")),
+]
+
+
+@pytest.mark.parametrize(("text", "prompt", "expected"), ANSWERS, ids=[a[0][:24] for a in ANSWERS])
+def test_every_split_of_the_stream_gives_the_whole_texts_parts(text, prompt, expected):
+    assert split_reasoning(text, THINK, prompt) == expected
+    for cuts in itertools.combinations(range(1, len(text)), 2):
+        parser = THINK.parser(prompt)
+        reasoning = answer = ""
+        for chunk in (text[: cuts[0]], text[cuts[0] : cuts[1]], text[cuts[1] :]):
+            r, a = parser.feed(chunk)
+            reasoning, answer = reasoning + r, answer + a
+        r, a = parser.finish()
+        assert (reasoning + r).rstrip() == expected[0] and answer + a == expected[1], cuts
+
+
+def test_state_follows_the_block():
+    parser = THINK.parser()
+    assert parser.state == "answer"
+    parser.feed("<thi")
+    assert parser.state == "answer" and not parser.ended_reasoning  # not yet known
+    parser.feed("nk>hmm")
+    assert parser.state == "reasoning"
+    parser.feed("</think>ok")
+    assert parser.state == "answer" and parser.ended_reasoning
+
+
+def tag_tokenizer(tmp_path):
+    """A byte-level BPE tokenizer whose reasoning tags are added tokens (not special: decoding keeps them),
+    as in Qwen3's vocabulary."""
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        show_progress=False,
+    )
+    tok.train_from_iterator(["The user wants three colours. Red, green and blue. 🦊"] * 20, trainer)
+    tok.add_tokens([AddedToken("<think>", special=False, normalized=False)])
+    tok.add_tokens([AddedToken("</think>", special=False, normalized=False)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>", "add_bos_token": false}')
+    from engine.tokenizer import Tokenizer
+
+    return Tokenizer.load(tmp_path)
+
+
+def test_token_by_token_through_the_streaming_detokenizer(tmp_path):
+    tokenizer = tag_tokenizer(tmp_path)
+    text = "<think>\nThe user wants three colours 🦊.\n</think>\n\nRed, green and blue."
+    ids = tokenizer.encode(text, encode_special_tokens=True).flatten().tolist()
+    assert tokenizer.decode(ids) == text
+    fmt = reasoning_format_of(None, tokenizer)
+    assert fmt == THINK
+    detok, parser = StreamingDetokenizer(tokenizer), fmt.parser()
+    reasoning = answer = ""
+    for token in ids:
+        r, a = parser.feed(detok.add(token))
+        reasoning, answer = reasoning + r, answer + a
+    r, a = parser.feed(detok.flush())
+    r2, a2 = parser.finish()
+    assert ((reasoning + r + r2).rstrip(), answer + a + a2) == (
+        "The user wants three colours 🦊.",
+        "Red, green and blue.",
+    )
+
+
+QWEN3_STYLE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' and '</think>' in m.content %}{{ m.content.split('</think>')[-1].lstrip() }}"
+    "{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+R1_STYLE = (
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}"
+)
+
+
+def test_templates_declare_the_tags_and_where_generation_starts():
+    from engine.chat_template import ChatTemplate
+
+    qwen3, r1 = ChatTemplate(QWEN3_STYLE), ChatTemplate(R1_STYLE)
+    fmt = reasoning_format(qwen3.source)
+    assert fmt == ReasoningFormat("<think>", "</think>", toggle=True)
+    assert reasoning_format(r1.source) is None  # names only the opening tag; its vocabulary would say more
+    assert reasoning_format(r1.source, ["<think>", "</think>"]) == THINK
+    assert reasoning_format("{{ messages }}", ["hello"]) is None
+    assert reasoning_format("{% if x %}<thinking></thinking>{% endif %}").start == "<thinking>"
+
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<think>plan</think>\n\nHello!"}]
+    thinking_on = qwen3.render([*history, {"role": "user", "content": "Colours?"}])
+    thinking_off = qwen3.render([*history, {"role": "user", "content": "Colours?"}], enable_thinking=False)
+    assert "plan" not in thinking_on  # the template leaves earlier thinking out of the next prompt
+    assert not fmt.starts_inside(thinking_on) and not fmt.starts_inside(thinking_off)
+    assert split_reasoning("Red.", fmt, thinking_off) == ("", "Red.")
+    opened = r1.render([{"role": "user", "content": "Colours?"}])
+    assert THINK.starts_inside(opened)
+    assert split_reasoning("list them</think>Red.", THINK, opened) == ("list them", "Red.")
