@@ -13,6 +13,7 @@ from engine.generator.cfg import check_cfg_scale, split_prompt_pair
 from engine.generator.filters import Filter
 from engine.generator.images import check_job_embeddings
 from engine.generator.sampler import SamplerSettings
+from engine.reasoning import ReasoningFormat
 
 
 def _as_id_list(input_ids: Any) -> list[int]:
@@ -120,6 +121,11 @@ class DynamicJob:
     input_ids may be a (positive, negative) prompt pair for classifier-free guidance with gen_settings.cfg_scale
     (see engine.generator.cfg), the scale read when the job is made; a single prompt ignores cfg_scale. A pair
     given as one [2, n] tensor is taken to be left-padded, and its padding is stripped at enqueue.
+
+    With `reasoning` (an engine.reasoning.ReasoningFormat, e.g. from reasoning_format_of(template, tokenizer))
+    each streaming result also splits its "text" into "reasoning" and "answer", tags left out, and the eos
+    result holds "full_reasoning" and "full_answer"; whether the answer starts inside a reasoning block is
+    read from the prompt's last tokens (a template that opened one).
     """
 
     def __init__(
@@ -141,6 +147,7 @@ class DynamicJob:
         identifier: object = None,
         banned_strings: Sequence[str] | None = None,
         embeddings: Sequence[Any] | None = None,
+        reasoning: ReasoningFormat | None = None,
     ):
         filters = _check_filters(filters, token_healing)
         pair = split_prompt_pair(input_ids)
@@ -191,6 +198,9 @@ class DynamicJob:
         self.identifier = identifier
         self.banned_strings = tuple(banned_strings or ())
         self.embeddings = list(embeddings or ())
+        if reasoning is not None and not isinstance(reasoning, ReasoningFormat):
+            raise ValueError(f"reasoning must be a ReasoningFormat (engine.reasoning) or None, got {reasoning!r}")
+        self.reasoning = reasoning  # results then tell reasoning from answer
 
         # Set by the generator.
         self.serial: int | None = None

@@ -41,6 +41,8 @@ class JobSession:
         self.time_admitted = self.time_first_token = None
         self.speculative = False  # set by a generator that drafts tokens; eos results then count them
         self.num_accepted_draft = self.num_rejected_draft = 0
+        self.reasoning = None  # a ReasoningParser over the emitted text, for a job given a ReasoningFormat
+        self.full_reasoning = self.full_answer = ""
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -60,6 +62,9 @@ class JobSession:
         self.state = SamplerState(settings, self.prompt_ids, seed=self.job.seed, dry_breaker_ids=breaker_ids)
         self.detok = StreamingDetokenizer(self.tokenizer, decode_special_tokens=self.job.decode_special_tokens)
         self._heal_pending = self.heal_text is not None
+        if self.job.reasoning is not None:  # the prompt's end says whether its template opened the block
+            tail = self.tokenizer.decode(self.prompt_ids[-16:], decode_special_tokens=True)
+            self.reasoning = self.job.reasoning.parser(tail)
         if self.heal_text is not None:
             texts = self.tokenizer.token_texts()
             allowed = {i for i in range(min(vocab_size, len(texts))) if texts[i].startswith(self.heal_text)}
@@ -194,6 +199,8 @@ class JobSession:
         self._heal_pending = self.heal_text is not None and token_idx == 0
         r = self.base("streaming")
         r["text"] = ""
+        if self.reasoning is not None:
+            r["reasoning"] = r["answer"] = ""
         r["token_ids"] = torch.empty((1, 0), dtype=torch.long)
         r["suppressed_text"] = banned
         r["suppressed_tokens"] = torch.tensor([suppressed], dtype=torch.long)
@@ -206,6 +213,8 @@ class JobSession:
         self.released = hi
         r = self.base("streaming")
         r["text"] = text
+        if self.reasoning is not None:
+            self._split(r, *self.reasoning.feed(text))
         r["token_ids"] = torch.tensor([self.generated[lo:hi]], dtype=torch.long)
         if self.job.return_probs:
             r["token_probs"] = torch.tensor([self.probs[lo:hi]])
@@ -221,6 +230,13 @@ class JobSession:
             r["logits"] = torch.stack(rows)[None] if rows else torch.empty(1, 0, self.vocab_size)
         return r
 
+    def _split(self, r: Result, reasoning: str, answer: str) -> None:
+        """The result's text as reasoning and answer (a job with a ReasoningFormat); `reasoning` and `answer`
+        replace what the result held, and the totals grow by what they add."""
+        self.full_reasoning += reasoning[len(r.get("reasoning", "")) :]
+        self.full_answer += answer[len(r.get("answer", "")) :]
+        r["reasoning"], r["answer"] = reasoning, answer
+
     def _eos(self, r: Result, reason: str, token: int | None = None, string: str | None = None) -> Result:
         end = self.time_first_token if self.time_first_token is not None else self.time_admitted
         now = time.perf_counter()
@@ -232,6 +248,10 @@ class JobSession:
         if string is not None:
             r["eos_triggering_string"] = string
         r["full_completion"] = self.text.text
+        if self.reasoning is not None:  # what a partial tag held back at the end
+            reasoning, answer = self.reasoning.finish()
+            self._split(r, r["reasoning"] + reasoning, r["answer"] + answer)
+            r["full_reasoning"], r["full_answer"] = self.full_reasoning.strip(), self.full_answer
         r["new_tokens"] = len(self.generated)
         r["prompt_tokens"] = len(self.job.prompt_ids)
         r["cached_tokens"] = self.seq.cached_tokens

@@ -139,3 +139,77 @@ def test_templates_declare_the_tags_and_where_generation_starts():
     opened = r1.render([{"role": "user", "content": "Colours?"}])
     assert THINK.starts_inside(opened)
     assert split_reasoning("list them</think>Red.", THINK, opened) == ("list them", "Red.")
+
+
+def tiny_qwen3(folder, template: str):
+    """A random-weight Qwen3 with a tokenizer whose reasoning tags are tokens, and `template` as its chat template."""
+    import json
+
+    import torch
+    import transformers
+
+    from engine import Model
+
+    tokenizer = tag_tokenizer(folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    cfg = transformers.Qwen3Config(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    transformers.Qwen3ForCausalLM(cfg).eval().save_pretrained(folder)
+    return Model.load(folder, dtype=torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("template", "options", "pattern", "thinks"),
+    [
+        (QWEN3_STYLE, {}, r"<think>[a-z ]{3,12}</think>\n\n[a-z ]{3,12}", True),
+        (QWEN3_STYLE, {"enable_thinking": False}, r"[a-z ]{3,12}", False),
+        (R1_STYLE, {}, r"[a-z ]{3,12}</think>[a-z ]{3,12}", True),
+    ],
+    ids=["qwen3 thinking", "qwen3 thinking off", "r1 opens the block"],
+)
+def test_jobs_stream_reasoning_apart_from_the_answer(tmp_path, template, options, pattern, thinks):
+    from engine import Cache, DynamicGenerator, DynamicJob, SamplerSettings
+    from engine.chat_template import ChatTemplate
+    from engine.generator.filters import RegexFilter
+
+    model = tiny_qwen3(tmp_path, template)
+    tokenizer = model.tokenizer
+    fmt = reasoning_format_of(ChatTemplate.from_tokenizer(tokenizer), tokenizer)
+    assert fmt is not None and fmt.toggle == (template == QWEN3_STYLE)
+    prompt = ChatTemplate.from_tokenizer(tokenizer).render([{"role": "user", "content": "Colours?"}], **options)
+    ids = tokenizer.encode(prompt, encode_special_tokens=True)
+    generator = DynamicGenerator(model, Cache(model, max_seq_len=256, page_size=16), tokenizer)
+    job = DynamicJob(ids, 40, gen_settings=SamplerSettings.greedy(), filters=[RegexFilter(pattern)], reasoning=fmt)
+    generator.enqueue(job)
+    streamed = {"text": "", "reasoning": "", "answer": ""}
+    while generator.num_remaining_jobs():
+        for result in generator.iterate():
+            if result["stage"] == "streaming":
+                for key in streamed:
+                    streamed[key] += result[key]
+                if result["eos"]:
+                    eos = result
+    assert eos["eos_reason"] == "end_filter" and eos["full_completion"] == streamed["text"]
+    assert (eos["full_reasoning"], eos["full_answer"]) == split_reasoning(streamed["text"], fmt, prompt)
+    assert (streamed["reasoning"].strip(), streamed["answer"]) == (eos["full_reasoning"], eos["full_answer"])
+    assert bool(eos["full_reasoning"]) == thinks and eos["full_answer"].strip()
+    assert "<think>" not in eos["full_answer"] + eos["full_reasoning"] and "</think>" not in eos["full_answer"]
+
+
+def test_a_job_refuses_a_reasoning_that_is_not_a_format():
+    from engine import DynamicJob
+
+    with pytest.raises(ValueError, match="ReasoningFormat"):
+        DynamicJob([1, 2], 4, reasoning="<think>")
