@@ -21,6 +21,7 @@ def encode_chat(
     messages: Sequence[Mapping[str, Any]],
     images: Sequence[Any] = (),
     image_placeholder: str | None = None,
+    **template_options: Any,
 ) -> torch.Tensor:
     """Token ids [1, n] of `messages` in the chat template, ending with the prompt for the assistant's reply.
 
@@ -29,10 +30,12 @@ def encode_chat(
     parts appear, each becoming its run of image token ids. `image_placeholder` is what the template writes
     for an image (the vision handle's `image_placeholder`; "<image>" when None). Special-token text in the
     rendered template becomes special tokens. Raises ChatTemplateError when the template rejects the
-    conversation, ValueError when images and image parts disagree.
+    conversation, ValueError when images and image parts disagree. `template_options` become template
+    variables (enable_thinking=False switches a Qwen3-style model's thinking off).
     """
     images = list(images)
-    text = render_with_images(template, messages, images, placeholder=image_placeholder or DEFAULT_PLACEHOLDER)
+    placeholder = image_placeholder or DEFAULT_PLACEHOLDER
+    text = render_with_images(template, messages, images, placeholder=placeholder, **template_options)
     # Templates usually write BOS themselves; add it only where the model wants it and the text lacks it.
     bos = tokenizer.bos_token
     add_bos = bool(tokenizer.add_bos_token) and not (bos and text.startswith(bos))

@@ -57,6 +57,7 @@ def render_with_images(
     images: Sequence[Any],
     placeholder: str = DEFAULT_PLACEHOLDER,
     add_generation_prompt: bool = True,
+    **template_options: Any,
 ) -> str:
     """Render `messages` and put the i-th image's `text_alias` where the template wrote the i-th placeholder.
 
@@ -68,7 +69,7 @@ def render_with_images(
     if wanted != len(images):
         raise ValueError(f"the messages hold {wanted} image parts but {len(images)} image embeddings were given")
     if wanted == 0:
-        return template.render(messages, add_generation_prompt=add_generation_prompt)
+        return template.render(messages, add_generation_prompt=add_generation_prompt, **template_options)
     for m in messages:
         content = m.get("content")
         texts = (
@@ -81,10 +82,11 @@ def render_with_images(
                 f"a message's text contains the image placeholder {placeholder!r}; remove it from the text "
                 "(images are attached as image parts, not typed)"
             )
-    text = template.render(messages, add_generation_prompt=add_generation_prompt)
+    text = template.render(messages, add_generation_prompt=add_generation_prompt, **template_options)
     if text.count(placeholder) != wanted:
         # The template ignores image parts (most text-model templates print only string content).
-        text = template.render(_flattened(messages, placeholder), add_generation_prompt=add_generation_prompt)
+        flat = _flattened(messages, placeholder)
+        text = template.render(flat, add_generation_prompt=add_generation_prompt, **template_options)
     if text.count(placeholder) != wanted:
         raise ValueError(
             f"the chat template wrote {text.count(placeholder)} image placeholders {placeholder!r} for {wanted} "

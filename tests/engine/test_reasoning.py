@@ -181,6 +181,7 @@ def tiny_qwen3(folder, template: str):
 )
 def test_jobs_stream_reasoning_apart_from_the_answer(tmp_path, template, options, pattern, thinks):
     from engine import Cache, DynamicGenerator, DynamicJob, SamplerSettings
+    from engine.chat_prompt import encode_chat
     from engine.chat_template import ChatTemplate
     from engine.generator.filters import RegexFilter
 
@@ -188,8 +189,11 @@ def test_jobs_stream_reasoning_apart_from_the_answer(tmp_path, template, options
     tokenizer = model.tokenizer
     fmt = reasoning_format_of(ChatTemplate.from_tokenizer(tokenizer), tokenizer)
     assert fmt is not None and fmt.toggle == (template == QWEN3_STYLE)
-    prompt = ChatTemplate.from_tokenizer(tokenizer).render([{"role": "user", "content": "Colours?"}], **options)
-    ids = tokenizer.encode(prompt, encode_special_tokens=True)
+    ids = encode_chat(
+        tokenizer, ChatTemplate.from_tokenizer(tokenizer), [{"role": "user", "content": "Colours?"}], **options
+    )
+    prompt = tokenizer.decode(ids, decode_special_tokens=True)
+    assert prompt.endswith("<think>\n\n</think>\n\n") == (options == {"enable_thinking": False})
     generator = DynamicGenerator(model, Cache(model, max_seq_len=256, page_size=16), tokenizer)
     job = DynamicJob(ids, 40, gen_settings=SamplerSettings.greedy(), filters=[RegexFilter(pattern)], reasoning=fmt)
     generator.enqueue(job)
