@@ -16,8 +16,8 @@ if not torch.cuda.is_available():
     launch.use_interpreter()
 
 import transformers  # noqa: E402
+from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -163,3 +163,73 @@ def tiny_llava_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-llava")
     build_tiny_llava(folder)
     return folder
+
+
+# --- reasoning models: a tokenizer whose <think> tags are tokens, Qwen3- and R1-style templates ---------------
+
+
+def build_tag_tokenizer(tmp_path):
+    """A byte-level BPE tokenizer whose reasoning tags are added tokens (not special: decoding keeps them),
+    as in Qwen3's vocabulary."""
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        show_progress=False,
+    )
+    tok.train_from_iterator(["The user wants three colours. Red, green and blue. 🦊"] * 20, trainer)
+    tok.add_tokens([AddedToken("<think>", special=False, normalized=False)])
+    tok.add_tokens([AddedToken("</think>", special=False, normalized=False)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>", "add_bos_token": false}')
+    from engine.tokenizer import Tokenizer
+
+    return Tokenizer.load(tmp_path)
+
+
+QWEN3_STYLE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' and '</think>' in m.content %}{{ m.content.split('</think>')[-1].lstrip() }}"
+    "{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+R1_STYLE = (
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}"
+)
+
+
+def build_tiny_qwen3(folder, template: str):
+    """A random-weight Qwen3 with a tokenizer whose reasoning tags are tokens, and `template` as its chat template."""
+    tokenizer = build_tag_tokenizer(folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    cfg = transformers.Qwen3Config(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    transformers.Qwen3ForCausalLM(cfg).eval().save_pretrained(folder)
+    return Model.load(folder, dtype=torch.float32)
+
+
+@pytest.fixture
+def reasoning_models():
+    """The builders and templates above, for tests of reasoning blocks (engine and server)."""
+    import types
+
+    return types.SimpleNamespace(
+        QWEN3_STYLE=QWEN3_STYLE, R1_STYLE=R1_STYLE, tag_tokenizer=build_tag_tokenizer, tiny_qwen3=build_tiny_qwen3
+    )

@@ -76,7 +76,7 @@ def create_app(served: ServedModel, options: ServerOptions = ServerOptions()) ->
         check_api_key(request, options.api_key)
         req = chat_request(await read_json(request, options.max_body_bytes))
         served.check_model(req.generation.model)
-        ids, images = await served.chat_prompt(read_messages(req.messages))
+        ids, images = await served.chat_prompt(read_messages(req.messages), req.template_options)
         job = served.start_job(ids, images, req.generation)
         return await _reply(request, served, job, req.generation, ChatFormat(served.model_id, req.generation.logprobs))
 
@@ -157,4 +157,4 @@ async def _reply(
         raise APIError(500, f"Generation failed: {type(e).__name__}: {e}") from None
     finally:
         await close()
-    return JSONResponse(fmt.body(final["full_completion"], entries, final))
+    return JSONResponse(fmt.body(entries, final))

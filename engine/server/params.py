@@ -9,7 +9,7 @@ repetition_penalty, min_tokens.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.generator.filters import Filter, JSONFilter
@@ -45,6 +45,7 @@ class Generation:
 class ChatRequest:
     generation: Generation
     messages: list[Any]  # as sent; engine.server.messages reads them
+    template_options: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs, e.g. enable_thinking
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,9 @@ def chat_request(body: Any) -> ChatRequest:
         )
     _no_tools(f)
     generation = _generation(f, max_completion if max_completion is not None else max_tokens, logprobs, top)
+    options = _template_options(f.get("chat_template_kwargs"))
     f.done()
-    return ChatRequest(generation, messages)
+    return ChatRequest(generation, messages, options)
 
 
 def completion_request(body: Any) -> CompletionRequest:
@@ -211,6 +213,24 @@ def _logit_bias(value: Any) -> dict[int, float] | None:
             raise bad_request(f"logit_bias values must be numbers from -100 to 100, got {b!r}.", "logit_bias")
         bias[token_id] = float(b)
     return bias or None
+
+
+def _template_options(value: Any) -> dict[str, Any]:
+    """chat_template_kwargs (as vLLM takes them): variables for the chat template, e.g. {"enable_thinking":
+    false}. Names must be identifiers and values plain JSON scalars; they cannot replace the messages."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise bad_request("chat_template_kwargs must be an object of template variables.", "chat_template_kwargs")
+    reserved = {"messages", "tools", "documents", "add_generation_prompt"}
+    for name, item in value.items():
+        if not name.isidentifier() or name in reserved or name.startswith("_"):
+            raise bad_request(f"chat_template_kwargs cannot set {name!r}.", "chat_template_kwargs")
+        if item is not None and not isinstance(item, (bool, int, float, str)):
+            raise bad_request(
+                f"chat_template_kwargs.{name} must be a string, number, boolean or null.", "chat_template_kwargs"
+            )
+    return dict(value)
 
 
 def _stream_options(value: Any, stream: bool) -> bool:

@@ -29,10 +29,13 @@ class ChatFormat:
             return None
         return {"content": [_chat_logprob(e) for e in entries], "refusal": None}
 
-    def body(self, text: str, entries: list[TokenLogprob], final: dict[str, Any]) -> dict[str, Any]:
+    def body(self, entries: list[TokenLogprob], final: dict[str, Any]) -> dict[str, Any]:
+        message = {"role": "assistant", "content": final.get("full_answer", final["full_completion"]), "refusal": None}
+        if "full_reasoning" in final:  # a reasoning model: its thinking apart, as vLLM and DeepSeek's API send it
+            message["reasoning_content"] = final["full_reasoning"] or None
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": None},
+            "message": message,
             "logprobs": self._logprobs(entries),
             "finish_reason": finish_reason(final),
         }
@@ -43,10 +46,12 @@ class ChatFormat:
         return self._chunk(delta, None, None, include_usage)
 
     def chunk(self, piece: Piece, include_usage: bool) -> dict[str, Any] | None:
-        if not piece.text and not piece.logprobs and piece.final is None:
+        if not piece.text and not piece.reasoning and not piece.logprobs and piece.final is None:
             return None
         reason = finish_reason(piece.final) if piece.final is not None else None
-        delta = {"content": piece.text} if piece.text or piece.final is None else {}
+        delta = {"reasoning_content": piece.reasoning} if piece.reasoning else {}
+        if piece.text or (piece.final is None and not piece.reasoning):
+            delta["content"] = piece.text
         return self._chunk(delta, self._logprobs(piece.logprobs), reason, include_usage)
 
     def _chunk(self, delta: dict, logprobs: Any, reason: str | None, include_usage: bool) -> dict[str, Any]:
@@ -90,8 +95,9 @@ class CompletionFormat:
         self._offset += len(text)
         return choice
 
-    def body(self, text: str, entries: list[TokenLogprob], final: dict[str, Any]) -> dict[str, Any]:
-        return {**self._head(), "choices": [self._choice(text, entries, finish_reason(final))], "usage": usage(final)}
+    def body(self, entries: list[TokenLogprob], final: dict[str, Any]) -> dict[str, Any]:
+        choice = self._choice(final["full_completion"], entries, finish_reason(final))
+        return {**self._head(), "choices": [choice], "usage": usage(final)}
 
     def first_chunk(self, include_usage: bool) -> dict[str, Any] | None:
         return None  # completions have no role chunk

@@ -26,11 +26,13 @@ class TokenLogprob:
 
 @dataclass
 class Piece:
-    """New text of one result; `final` is the eos result (usage, finish reason) on the last piece."""
+    """New text of one result; `final` is the eos result (usage, finish reason) on the last piece. For a job
+    that tells reasoning apart, `text` is the answer's part and `reasoning` the thinking's."""
 
     text: str
     logprobs: list[TokenLogprob] = field(default_factory=list)
     final: dict[str, Any] | None = None
+    reasoning: str = ""
 
 
 async def pieces(job: DynamicJobAsync, tokenizer: Any, top_logprobs: int, want_logprobs: bool) -> AsyncIterator[Piece]:
@@ -39,7 +41,11 @@ async def pieces(job: DynamicJobAsync, tokenizer: Any, top_logprobs: int, want_l
         if result["stage"] != "streaming":
             continue
         entries = _logprobs(result, tokenizer, top_logprobs) if want_logprobs else []
-        yield Piece(result.get("text", ""), entries, result if result["eos"] else None)
+        final = result if result["eos"] else None
+        if "reasoning" in result:
+            yield Piece(result["answer"], entries, final, result["reasoning"])
+        else:
+            yield Piece(result.get("text", ""), entries, final)
 
 
 def _logprobs(result: dict[str, Any], tokenizer: Any, top: int) -> list[TokenLogprob]:

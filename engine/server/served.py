@@ -22,6 +22,7 @@ from engine.chat_template import ChatTemplate
 from engine.errors import ChatTemplateError
 from engine.generator.dynamic_async import DynamicGeneratorAsync, DynamicJobAsync
 from engine.models.vision import vision_of
+from engine.reasoning import reasoning_format_of
 from engine.server.errors import APIError, bad_request
 from engine.server.messages import ChatInput
 from engine.server.params import Generation
@@ -68,6 +69,8 @@ class ServedModel:
         self.model_id = model_id
         self.tokenizer = model.tokenizer
         self.template = _template(self.tokenizer, model_id)
+        # Chat replies put a reasoning model's thinking in reasoning_content (as vLLM and DeepSeek's API do).
+        self.reasoning = reasoning_format_of(self.template, self.tokenizer)
         self.vision = vision_of(model)
         self.context = min(context, model.config.max_position_embeddings)
         self.max_concurrent = max_concurrent
@@ -117,13 +120,16 @@ class ServedModel:
                 code="model_not_found",
             )
 
-    async def chat_prompt(self, chat: ChatInput) -> tuple[torch.Tensor, list]:
-        """(prompt ids [1, n], image embeddings) of a conversation, through the model's chat template."""
+    async def chat_prompt(self, chat: ChatInput, options: dict[str, Any] | None = None) -> tuple[torch.Tensor, list]:
+        """(prompt ids [1, n], image embeddings) of a conversation, through the model's chat template with
+        `options` as template variables (chat_template_kwargs)."""
         images = await self._embed(chat.images)
         placeholder = getattr(self.vision, "image_placeholder", None)
         try:
             ids = await asyncio.to_thread(
-                encode_chat, self.tokenizer, self.template, chat.messages, images, placeholder
+                lambda: encode_chat(
+                    self.tokenizer, self.template, chat.messages, images, placeholder, **(options or {})
+                )
             )
         except ChatTemplateError as e:
             raise bad_request(str(e), "messages") from None
@@ -168,7 +174,8 @@ class ServedModel:
     def start_job(
         self, ids: torch.Tensor, images: list, generation: Generation, prompt_param: str = "messages"
     ) -> DynamicJobAsync:
-        """Enqueue the request's job; 400 when it cannot fit the context, 503 when the queue is full."""
+        """Enqueue the request's job; 400 when it cannot fit the context, 503 when the queue is full. A chat
+        job (prompt_param "messages") of a reasoning model reports its reasoning apart from its answer."""
         num_prompt = int(ids.shape[-1])
         max_tokens = self._check_context(num_prompt, generation.max_tokens, prompt_param)
         if generation.logprobs:
@@ -198,6 +205,7 @@ class ServedModel:
                 return_logits=generation.logprobs,
                 filters=list(generation.filters),
                 embeddings=images,
+                reasoning=self.reasoning if prompt_param == "messages" else None,
             )
         except ValueError as e:  # e.g. a logit_bias id outside the vocabulary, a stop string that is no text
             raise bad_request(str(e)) from None

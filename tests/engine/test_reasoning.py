@@ -13,8 +13,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
-from tokenizers import Tokenizer as HFTokenizer
 
 from engine.detokenizer import StreamingDetokenizer
 from engine.reasoning import ReasoningFormat, reasoning_format, reasoning_format_of, split_reasoning
@@ -64,30 +62,8 @@ def test_state_follows_the_block():
     assert parser.state == "answer" and parser.ended_reasoning
 
 
-def tag_tokenizer(tmp_path):
-    """A byte-level BPE tokenizer whose reasoning tags are added tokens (not special: decoding keeps them),
-    as in Qwen3's vocabulary."""
-    tok = HFTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        show_progress=False,
-    )
-    tok.train_from_iterator(["The user wants three colours. Red, green and blue. 🦊"] * 20, trainer)
-    tok.add_tokens([AddedToken("<think>", special=False, normalized=False)])
-    tok.add_tokens([AddedToken("</think>", special=False, normalized=False)])
-    tok.save(str(tmp_path / "tokenizer.json"))
-    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>", "add_bos_token": false}')
-    from engine.tokenizer import Tokenizer
-
-    return Tokenizer.load(tmp_path)
-
-
-def test_token_by_token_through_the_streaming_detokenizer(tmp_path):
-    tokenizer = tag_tokenizer(tmp_path)
+def test_token_by_token_through_the_streaming_detokenizer(tmp_path, reasoning_models):
+    tokenizer = reasoning_models.tag_tokenizer(tmp_path)
     text = "<think>\nThe user wants three colours 🦊.\n</think>\n\nRed, green and blue."
     ids = tokenizer.encode(text, encode_special_tokens=True).flatten().tolist()
     assert tokenizer.decode(ids) == text
@@ -106,23 +82,10 @@ def test_token_by_token_through_the_streaming_detokenizer(tmp_path):
     )
 
 
-QWEN3_STYLE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
-    "{% if m.role == 'assistant' and '</think>' in m.content %}{{ m.content.split('</think>')[-1].lstrip() }}"
-    "{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
-)
-R1_STYLE = (
-    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}"
-)
-
-
-def test_templates_declare_the_tags_and_where_generation_starts():
+def test_templates_declare_the_tags_and_where_generation_starts(reasoning_models):
     from engine.chat_template import ChatTemplate
 
-    qwen3, r1 = ChatTemplate(QWEN3_STYLE), ChatTemplate(R1_STYLE)
+    qwen3, r1 = ChatTemplate(reasoning_models.QWEN3_STYLE), ChatTemplate(reasoning_models.R1_STYLE)
     fmt = reasoning_format(qwen3.source)
     assert fmt == ReasoningFormat("<think>", "</think>", toggle=True)
     assert reasoning_format(r1.source) is None  # names only the opening tag; its vocabulary would say more
@@ -141,54 +104,25 @@ def test_templates_declare_the_tags_and_where_generation_starts():
     assert split_reasoning("list them</think>Red.", THINK, opened) == ("list them", "Red.")
 
 
-def tiny_qwen3(folder, template: str):
-    """A random-weight Qwen3 with a tokenizer whose reasoning tags are tokens, and `template` as its chat template."""
-    import json
-
-    import torch
-    import transformers
-
-    from engine import Model
-
-    tokenizer = tag_tokenizer(folder)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["chat_template"] = template
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    cfg = transformers.Qwen3Config(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=512,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    transformers.Qwen3ForCausalLM(cfg).eval().save_pretrained(folder)
-    return Model.load(folder, dtype=torch.float32)
-
-
 @pytest.mark.parametrize(
     ("template", "options", "pattern", "thinks"),
     [
-        (QWEN3_STYLE, {}, r"<think>[a-z ]{3,12}</think>\n\n[a-z ]{3,12}", True),
-        (QWEN3_STYLE, {"enable_thinking": False}, r"[a-z ]{3,12}", False),
-        (R1_STYLE, {}, r"[a-z ]{3,12}</think>[a-z ]{3,12}", True),
+        ("QWEN3_STYLE", {}, r"<think>[a-z ]{3,12}</think>\n\n[a-z ]{3,12}", True),
+        ("QWEN3_STYLE", {"enable_thinking": False}, r"[a-z ]{3,12}", False),
+        ("R1_STYLE", {}, r"[a-z ]{3,12}</think>[a-z ]{3,12}", True),
     ],
     ids=["qwen3 thinking", "qwen3 thinking off", "r1 opens the block"],
 )
-def test_jobs_stream_reasoning_apart_from_the_answer(tmp_path, template, options, pattern, thinks):
+def test_jobs_stream_reasoning_apart_from_the_answer(tmp_path, reasoning_models, template, options, pattern, thinks):
     from engine import Cache, DynamicGenerator, DynamicJob, SamplerSettings
     from engine.chat_prompt import encode_chat
     from engine.chat_template import ChatTemplate
     from engine.generator.filters import RegexFilter
 
-    model = tiny_qwen3(tmp_path, template)
+    model = reasoning_models.tiny_qwen3(tmp_path, getattr(reasoning_models, template))
     tokenizer = model.tokenizer
     fmt = reasoning_format_of(ChatTemplate.from_tokenizer(tokenizer), tokenizer)
-    assert fmt is not None and fmt.toggle == (template == QWEN3_STYLE)
+    assert fmt is not None and fmt.toggle == (template == "QWEN3_STYLE")
     ids = encode_chat(
         tokenizer, ChatTemplate.from_tokenizer(tokenizer), [{"role": "user", "content": "Colours?"}], **options
     )
