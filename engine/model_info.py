@@ -108,8 +108,8 @@ def gguf_file_type_name(value: Any) -> str | None:
 @lru_cache(maxsize=64)
 def _gguf_info(path: Path, mtime_ns: int, size: int) -> ModelInfo:
     # Keyed by modification time and size, so a file replaced on disk is read again.
+    from engine.config_gguf import ARCHITECTURES, read_gguf_config
     from engine.gguf_file import GGUFFile
-    from engine.loading.gguf import ARCHITECTURES, read_gguf_config
 
     file = GGUFFile.open(path)  # maps the file and parses the header; tensor data is never touched
     arch = file.architecture

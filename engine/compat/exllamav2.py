@@ -69,8 +69,8 @@ class ExLlamaV2Config:
             self._gguf = None
             config = ModelConfig.from_file(path / "config.json")
         elif path.suffix.lower() == ".gguf":
+            from engine.config_gguf import read_gguf_config
             from engine.gguf_file import GGUFFile
-            from engine.loading.gguf import read_gguf_config
 
             if self._gguf is None or self._gguf.path != path:  # examples call prepare() twice
                 self._gguf = GGUFFile.open(path)

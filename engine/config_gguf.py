@@ -1,0 +1,115 @@
+"""A ModelConfig from a GGUF file's metadata alone: llama.cpp's converter flattened the Hugging Face config into
+`{arch}.*` keys, mapped back here (no tensor data is read)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from engine.config import ModelConfig
+from engine.errors import CorruptFileError, ModelLoadError, UnsupportedArchitectureError
+from engine.gguf_file import GGUFFile
+
+# GGUF `general.architecture` -> the Hugging Face class name the engine's registry knows.
+# Mistral GGUFs say "llama": llama.cpp converts them with the Llama converter.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def read_gguf_config(file: GGUFFile) -> ModelConfig:
+    """The model config from a GGUF file's metadata alone (no tensor data is read)."""
+    path = file.path
+    if file.byte_order != "I":
+        raise ModelLoadError(
+            f"{path} is a big-endian GGUF file; Tandem reads little-endian GGUF only. "
+            "Use the little-endian version of the model."
+        )
+    try:
+        metadata = file.metadata
+    except (UnicodeDecodeError, ValueError, IndexError) as e:
+        raise CorruptFileError(
+            f"{path} has unreadable metadata ({type(e).__name__}: {e}). It may be damaged; download it again."
+        ) from None
+    return _config_from_metadata(path, file.architecture, metadata, {t.name: t for t in file.tensors})
+
+
+def _config_from_metadata(path: Path, arch: str, metadata: dict[str, Any], tensors: dict[str, Any]) -> ModelConfig:
+    """Build the Hugging Face style config dict llama.cpp's converter flattened into `{arch}.*` keys."""
+    if arch not in ARCHITECTURES:
+        raise UnsupportedArchitectureError(
+            f"{path} holds a {arch!r} model, which Tandem cannot run. Supported GGUF architectures: "
+            f"{', '.join(ARCHITECTURES)}. Pick a GGUF of one of those."
+        )
+
+    def get(key: str, default: Any = None, required: bool = False) -> Any:
+        value = metadata.get(f"{arch}.{key}", default)
+        if required and value is None:
+            raise CorruptFileError(
+                f"{path} lacks the metadata key {arch}.{key}, which every {arch} GGUF has. "
+                "The file is incomplete or was written by a broken converter; get another copy."
+            )
+        # Some converters store per-layer lists; these architectures use one value for all layers.
+        if isinstance(value, list):
+            if not value or len(set(value)) != 1:
+                raise ModelLoadError(f"{path}: {arch}.{key} varies per layer ({value}); Tandem needs one value.")
+            value = value[0]
+        return value
+
+    num_heads = get("attention.head_count", required=True)
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    vocab_size = get("vocab_size") or (len(tokens) if isinstance(tokens, list) else None)
+    if vocab_size is None and "token_embd.weight" in tensors:
+        vocab_size = int(tensors["token_embd.weight"].shape[-1])  # GGUF dims run innermost first
+    if vocab_size is None:
+        raise CorruptFileError(f"{path} has neither a vocabulary size nor token embeddings; it is not a model.")
+    head_dim = get("attention.key_length")
+    if head_dim is None and arch == "llama":
+        head_dim = get("rope.dimension_count")  # llama ropes the whole head, so this is the head size
+
+    hf: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": get("embedding_length", required=True),
+        "intermediate_size": get("feed_forward_length", required=True),
+        "num_hidden_layers": get("block_count", required=True),
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": get("attention.head_count_kv", num_heads),
+        "head_dim": head_dim,
+        "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": get("rope.freq_base", 10000.0),
+        "max_position_embeddings": get("context_length", 2048),
+        "rope_scaling": _rope_scaling(
+            path, get("rope.scaling.type"), get("rope.scaling.factor"), get("rope.scale_linear")
+        ),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "mlp_bias": "blk.0.ffn_up.bias" in tensors,
+        "bos_token_id": metadata.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _eos_ids(metadata),
+        "pad_token_id": metadata.get("tokenizer.ggml.padding_token_id"),
+        "gguf_architecture": arch,
+    }
+    try:
+        return ModelConfig.from_hf_dict(hf, architecture=ARCHITECTURES[arch])
+    except ModelLoadError as e:
+        raise CorruptFileError(f"{path} has inconsistent model metadata: {e}") from None
+
+
+def _rope_scaling(path: Path, kind: str | None, factor: float | None, legacy_factor: float | None) -> dict | None:
+    if kind in (None, "none"):
+        # Old files wrote only `rope.scale_linear`; llama.cpp still reads it as linear scaling.
+        return {"rope_type": "linear", "factor": legacy_factor} if legacy_factor not in (None, 1.0) else None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": 1.0 if factor is None else factor}
+    raise ModelLoadError(
+        f"{path} uses {kind!r} rope scaling, which Tandem does not implement (it supports linear and "
+        "llama3-style frequency factors). Use a GGUF of the model without that context extension."
+    )
+
+
+def _eos_ids(metadata: dict[str, Any]) -> list[int]:
+    """eos plus llama.cpp's end-of-turn / end-of-message ids, which end a chat reply just the same."""
+    ids: list[int] = []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        value = metadata.get(key)
+        if isinstance(value, int) and value not in ids:
+            ids.append(value)
+    return ids

@@ -1,0 +1,167 @@
+"""GGUF tensors as Hugging Face checkpoint entries: their names, the shapes a config allows, the ones it needs,
+and llama.cpp's q/k row order undone."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.config import ModelConfig
+from engine.config_gguf import ARCHITECTURES
+from engine.errors import TensorMismatchError
+
+log = logging.getLogger(__name__)
+
+ROPE_FREQ_FACTORS = "rope_freq_factors"  # the state-dict key for llama.cpp's `rope_freqs.weight`
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "rope_freqs.weight": ROPE_FREQ_FACTORS,
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+EMBEDDINGS = "model.embed_tokens.weight"
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _LAYER_RE.fullmatch(gguf_name)
+    if m is None or m.group(2) not in _LAYER_NAMES:
+        return None
+    return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+
+
+def _gguf_name(hf_name: str) -> str:
+    """The inverse of `_hf_name`, for messages."""
+    for gguf_name, name in _GLOBAL_NAMES.items():
+        if name == hf_name:
+            return gguf_name
+    _, _, idx, rest = hf_name.split(".", 3)  # model.layers.{i}.{module}.{weight|bias}
+    module, kind = rest.rsplit(".", 1)
+    short = next(g for g, h in _LAYER_NAMES.items() if h == module)
+    return f"blk.{idx}.{short}.{kind}"
+
+
+def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the config allows, in Hugging Face shape ([out_features, in_features])."""
+    hidden, inter, hd = config.hidden_size, config.intermediate_size, config.head_dim
+    q_out, kv_out = config.num_attention_heads * hd, config.num_key_value_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config.vocab_size, hidden),
+        "model.norm.weight": (hidden,),
+        "lm_head.weight": (config.vocab_size, hidden),
+        ROPE_FREQ_FACTORS: (hd // 2,),
+    }
+    per_layer = {
+        "input_layernorm.weight": (hidden,),
+        "post_attention_layernorm.weight": (hidden,),
+        "self_attn.q_proj.weight": (q_out, hidden),
+        "self_attn.k_proj.weight": (kv_out, hidden),
+        "self_attn.v_proj.weight": (kv_out, hidden),
+        "self_attn.o_proj.weight": (hidden, q_out),
+        "self_attn.q_proj.bias": (q_out,),
+        "self_attn.k_proj.bias": (kv_out,),
+        "self_attn.v_proj.bias": (kv_out,),
+        "self_attn.o_proj.bias": (hidden,),
+        "self_attn.q_norm.weight": (hd,),
+        "self_attn.k_norm.weight": (hd,),
+        "mlp.gate_proj.weight": (inter, hidden),
+        "mlp.up_proj.weight": (inter, hidden),
+        "mlp.down_proj.weight": (hidden, inter),
+        "mlp.gate_proj.bias": (inter,),
+        "mlp.up_proj.bias": (inter,),
+        "mlp.down_proj.bias": (hidden,),
+    }
+    for i in range(config.num_hidden_layers):
+        for suffix, shape in per_layer.items():
+            shapes[f"model.layers.{i}.{suffix}"] = shape
+    return shapes
+
+
+def _required_names(config: ModelConfig) -> list[str]:
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    if not config.tie_word_embeddings:
+        names.append("lm_head.weight")
+    per_layer = ["input_layernorm.weight", "post_attention_layernorm.weight"]
+    per_layer += [f"self_attn.{p}_proj.weight" for p in "qkvo"] + [
+        f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")
+    ]
+    if config.architecture == ARCHITECTURES["qwen2"]:
+        per_layer += [f"self_attn.{p}_proj.bias" for p in "qkv"]
+    if config.qk_norm:
+        per_layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+    names += [f"model.layers.{i}.{s}" for i in range(config.num_hidden_layers) for s in per_layer]
+    return names
+
+
+def select_tensors(path: Path, config: ModelConfig, tensors: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Pair each GGUF tensor with its Hugging Face name, checking presence and shape before any is read."""
+    expected = _expected_shapes(config)
+    selected: list[tuple[str, Any]] = []
+    unknown: list[str] = []
+    for name, t in tensors.items():
+        hf_name = _hf_name(name)
+        if hf_name is None or hf_name not in expected:
+            unknown.append(name)
+            continue
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims innermost first
+        if shape != expected[hf_name]:
+            raise TensorMismatchError(
+                f"{path}: tensor {name} ({hf_name}) has shape {list(shape)}, but the file's metadata "
+                f"(hidden {config.hidden_size}, {config.num_attention_heads} heads, "
+                f"{config.num_key_value_heads} kv heads, head_dim {config.head_dim}, "
+                f"vocab {config.vocab_size}) requires {list(expected[hf_name])}. "
+                "The file is inconsistent; download or convert it again."
+            )
+        selected.append((hf_name, t))
+    if unknown:
+        log.warning("%s: ignoring %d tensors Tandem does not use: %s", path, len(unknown), ", ".join(unknown[:8]))
+    present = {hf_name for hf_name, _ in selected}
+    missing = [n for n in _required_names(config) if n not in present]
+    if missing:
+        named = ", ".join(f"{_gguf_name(n)} ({n})" for n in missing[:4])
+        raise TensorMismatchError(
+            f"{path} is missing {len(missing)} tensor(s) a {config.architecture} with "
+            f"{config.num_hidden_layers} layers needs: {named}{', ...' if len(missing) > 4 else ''}. "
+            "The file is incomplete or not a plain text model; download or convert it again."
+        )
+    return selected
+
+
+def unpermute_llama_qk(hf_name: str, values: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """Undo the row order llama.cpp's Llama converter gives q/k (weights and biases) for its rope kernel.
+
+    Within each head of `head_dim` rows, Hugging Face rotates row i with row i + head_dim/2;
+    llama.cpp rotates adjacent rows, so its converter interleaves the two halves:
+
+        HF   : r0 r1 ... r(d/2-1) | r(d/2) ... r(d-1)
+        GGUF : r0 r(d/2) r1 r(d/2+1) ... r(d/2-1) r(d-1)
+    """
+    if hf_name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+        num_heads = config.num_attention_heads
+    elif hf_name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+        num_heads = config.num_key_value_heads
+    else:
+        return values
+    rest = values.shape[1:]
+    pairs = values.reshape(num_heads, values.shape[0] // num_heads // 2, 2, *rest)
+    return pairs.transpose(1, 2).reshape(values.shape)
