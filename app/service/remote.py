@@ -1,0 +1,290 @@
+"""RemoteBackend: a model served by a remote OpenAI-compatible server (vLLM, llama.cpp's llama-server,
+`transformers serve`, another Tandem's `python -m engine serve`), used like the local engine.
+
+The chat sends {"role", "content"} messages and its settings; this module turns them into one streamed
+/chat/completions request (images as data: URLs) and reads the reply as the engine's result dicts
+(app.service.remote_stream). Nothing here imports Qt: it runs on whatever asyncio loop calls it (qasync's
+in the app), and every failure is a RemoteError with a message for the user (app.service.remote_errors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from PIL import Image
+
+from app.service.images import ImageSource
+from app.service.remote_errors import RemoteBadReply, RemoteError, not_openai, status_error, transport_error
+from app.service.remote_stream import RemoteJob
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 120.0  # seconds to connect, and between two pieces of a reply (a long prompt's prefill)
+
+# Sampler fields beyond OpenAI's that vLLM, SGLang and our own server take (llama-server names the
+# penalty repeat_penalty). Sent only when they change something; dropped for a server that refuses them.
+OPTIONAL_FIELDS = ("top_k", "min_p", "repetition_penalty", "repeat_penalty")
+
+
+class RemoteBackend:
+    """One model on a remote OpenAI-compatible server.
+
+    `base_url` is the API's root, usually ending in /v1 (http://host:8000/v1); `api_key` is sent as a bearer
+    token; `model` is the served model's id (None: the first one GET /models lists, see `list_models`);
+    `sees_images` is the user's word that the model reads images (the API cannot tell); `timeout` bounds
+    connecting and each wait for the next piece of a reply, in seconds.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        model: str | None = None,
+        sees_images: bool = False,
+        timeout: float = DEFAULT_TIMEOUT,
+    ):
+        url = base_url.strip().rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"The server URL must start with http:// or https://, got {base_url!r}.")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+        self.base_url = url
+        self.api_key = api_key or None
+        self.model = model or None
+        self.sees_images = sees_images
+        self.timeout = float(timeout)
+        self._context_length = 0
+        self._penalty_field = "repetition_penalty"
+        self._optional_refused = False
+
+    # --- what the app asks of any backend ------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.model or self.base_url
+
+    @property
+    def is_loaded(self) -> bool:
+        """A model is chosen (given, or the first the server listed); the server is not asked again."""
+        return self.model is not None
+
+    @property
+    def context_length(self) -> int:
+        """The model's context in tokens when the server told it (vLLM's max_model_len, llama-server's
+        n_ctx), else 0: unknown."""
+        return self._context_length
+
+    @property
+    def can_see_images(self) -> bool:
+        return self.sees_images
+
+    def count_tokens(self, *args: Any, **kwargs: Any) -> None:
+        """Unknown: the server's tokenizer is not here (OpenAI's API has no count endpoint)."""
+        return None
+
+    # --- models --------------------------------------------------------------------------------------------
+
+    async def list_models(self) -> list[str]:
+        """The model ids GET {base_url}/models lists; `model` becomes the first when none was chosen, and the
+        model's context length is read where the listing (or llama-server's /props) gives it."""
+        url = f"{self.base_url}/models"
+        async with self._client() as client:
+            try:
+                response = await client.get(url)
+            except httpx2.TransportError as e:
+                raise transport_error(e, self.base_url, self.timeout, 0) from None
+            if response.status_code >= 400:
+                raise status_error(response.status_code, response.content, url, None)
+            cards = _model_cards(url, response)
+            ids = [card["id"] for card in cards]
+            if not ids:
+                raise RemoteError(f"The server at {self.base_url} lists no models. Load a model on the server first.")
+            if self.model is None:
+                self.model = ids[0]
+            card = next((c for c in cards if c["id"] == self.model), {})
+            if any(c.get("owned_by") == "llamacpp" for c in cards):
+                self._penalty_field = "repeat_penalty"
+            self._context_length = _context_of(card) or await self._props_context(client)
+        return ids
+
+    async def _props_context(self, client: httpx2.AsyncClient) -> int:
+        """llama-server's n_ctx from its /props (beside /v1); 0 where there is no such page."""
+        root = self.base_url.removesuffix("/v1")
+        try:
+            response = await client.get(f"{root}/props")
+            settings = response.json().get("default_generation_settings", {}) if response.status_code == 200 else {}
+            return _positive_int(settings.get("n_ctx"))
+        except (httpx2.HTTPError, ValueError, AttributeError):
+            return 0  # best effort: an unknown context is allowed
+
+    # --- answers -------------------------------------------------------------------------------------------
+
+    async def start_answer(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        system_prompt: str | None,
+        images: Sequence[ImageSource],
+        settings: Any,
+        identifier: object = None,
+    ) -> RemoteJob:
+        """Send the conversation and start streaming its answer; `async for result in job` reads it.
+
+        `messages` are {"role", "content"} dicts; a user message's content may be a list of parts holding
+        {"type": "image"}, and `images` are those images' files (or bytes) in the order the parts appear.
+        `settings` is a GenerationSettings (sampler fields, seed, max_new_tokens, json_mode). Raises
+        RemoteError at once when images are given to a model the user has not marked as seeing images, or
+        when no model is chosen; everything the server says is raised from the job.
+        """
+        if self.model is None:
+            await self.list_models()
+        if images and not self.sees_images:
+            raise RemoteError(
+                f"'{self.name}' is not marked as seeing images, so the images cannot be sent. If the model reads "
+                "images (a vision-language model), tick 'sees images' for this endpoint; otherwise remove them."
+            )
+        urls = await asyncio.to_thread(_data_urls, list(images))
+        wire = _wire_messages(messages, system_prompt, urls)
+        body = self.request_body(wire, settings)
+        optional = () if self._optional_refused else OPTIONAL_FIELDS
+        if self._optional_refused:
+            body = {k: v for k, v in body.items() if k not in OPTIONAL_FIELDS}
+        job = RemoteJob(
+            self._client,
+            f"{self.base_url}/chat/completions",
+            body,
+            self.base_url,
+            self.timeout,
+            identifier=identifier,
+            optional_fields=optional,
+            on_optional_refused=self._remember_optional_refused,
+        )
+        job.start()
+        return job
+
+    def request_body(self, messages: list[dict[str, Any]], settings: Any) -> dict[str, Any]:
+        """The streamed /chat/completions body for `messages` under `settings`.
+
+        The engine's greedy forms (temperature 0, or top_k 1) become temperature 0; neutral settings are left
+        out, so a server's own defaults never fight a value that switches a step off.
+        """
+        greedy = settings.temperature == 0 or settings.top_k == 1
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": int(settings.max_new_tokens),
+            "temperature": 0.0 if greedy else float(settings.temperature),
+        }
+        if not greedy and 0 < settings.top_p < 1:
+            body["top_p"] = float(settings.top_p)
+        if not greedy and settings.top_k > 1:
+            body["top_k"] = int(settings.top_k)
+        if not greedy and settings.min_p > 0:
+            body["min_p"] = float(settings.min_p)
+        if settings.token_repetition_penalty != 1:
+            body[self._penalty_field] = float(settings.token_repetition_penalty)
+        if settings.token_presence_penalty:
+            body["presence_penalty"] = float(settings.token_presence_penalty)
+        if settings.token_frequency_penalty:
+            body["frequency_penalty"] = float(settings.token_frequency_penalty)
+        if settings.seed is not None:
+            body["seed"] = int(settings.seed)
+        stop = list(getattr(settings, "stop_strings", ()) or ())
+        if stop:
+            body["stop"] = stop
+        if settings.json_mode:
+            body["response_format"] = {"type": "json_object"}
+        return body
+
+    def _remember_optional_refused(self) -> None:
+        self._optional_refused = True
+
+    def _client(self) -> httpx2.AsyncClient:
+        """A client for one request or one listing: a client belongs to the event loop it was first used on,
+        and the app and the tests run more than one loop."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(self.timeout), follow_redirects=True)
+
+
+def _model_cards(url: str, response: httpx2.Response) -> list[dict[str, Any]]:
+    try:
+        data = response.json()
+    except ValueError:
+        raise not_openai(url, response.headers.get("content-type", ""), response.content[:2000]) from None
+    cards = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(cards, list) or not all(isinstance(c, dict) and isinstance(c.get("id"), str) for c in cards):
+        raise RemoteBadReply(
+            f"The server at {url} answered without an OpenAI model list ({{'data': [{{'id': ...}}]}}). Check that "
+            "the URL is an OpenAI-compatible API, usually ending in /v1."
+        )
+    return cards
+
+
+def _context_of(card: Mapping[str, Any]) -> int:
+    """A model card's context length: vLLM's (and ours) max_model_len, llama-server's meta.n_ctx, LM Studio's
+    max_context_length; 0 when it says none."""
+    meta = card.get("meta") if isinstance(card.get("meta"), dict) else {}
+    for value in (card.get("max_model_len"), meta.get("n_ctx"), card.get("max_context_length")):
+        if _positive_int(value):
+            return int(value)
+    return 0
+
+
+def _positive_int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _data_urls(images: list[ImageSource]) -> list[str]:
+    """Each image as a data: URL (its own format's MIME type), read on a worker thread."""
+    urls = []
+    for i, source in enumerate(images):
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            data, name = bytes(source), f"image {i + 1}"
+        else:
+            try:
+                data, name = Path(source).read_bytes(), str(source)
+            except OSError as e:
+                raise RemoteError(f"Cannot read {source} ({e.strerror}); attach the image again.") from None
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                mime = Image.MIME.get(image.format or "", "")
+        except (OSError, ValueError):
+            mime = ""
+        if not mime:
+            raise RemoteError(f"{name} is not an image Pillow can read, so it cannot be sent. Attach a PNG or JPEG.")
+        urls.append(f"data:{mime};base64,{base64.b64encode(data).decode()}")
+    return urls
+
+
+def _wire_messages(
+    messages: Sequence[Mapping[str, Any]], system_prompt: str | None, image_urls: list[str]
+) -> list[dict[str, Any]]:
+    """The conversation as OpenAI messages: the system prompt first, each {"type": "image"} part an image_url
+    part holding the next data URL."""
+    out: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    next_image = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if isinstance(part, Mapping) and part.get("type") == "image":
+                    if next_image >= len(image_urls):
+                        raise ValueError(f"The messages hold more image parts than the {len(image_urls)} images given.")
+                    parts.append({"type": "image_url", "image_url": {"url": image_urls[next_image]}})
+                    next_image += 1
+                else:
+                    parts.append(dict(part))
+            content = parts
+        out.append({"role": message["role"], "content": content})
+    if next_image != len(image_urls):
+        raise ValueError(f"{len(image_urls)} images were given for {next_image} image parts in the messages.")
+    return out

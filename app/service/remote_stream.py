@@ -1,0 +1,255 @@
+"""One answer streamed from a remote OpenAI-compatible server, read as the engine's result dicts.
+
+    start_answer ──> RemoteJob.start(): a reader task POSTs the request and parses its server-sent events
+                        │   text deltas, finish_reason, usage ──> results ──> asyncio queue
+    async for result in job  <──────────────────────────────────────────────────┘
+    await job.cancel(): cancels the reader task, which closes the HTTP stream (the server cancels its job)
+
+The reader runs in its own task so that Stop never has to wait for the next piece of the stream, and so a
+caller that leaves `async for` early drops the connection at once, as leaving an engine job cancels it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import httpx2
+
+from app.service.remote_errors import (
+    RemoteBadReply,
+    RemoteError,
+    RemoteRefused,
+    not_openai,
+    status_error,
+    stream_cut,
+    transport_error,
+)
+
+log = logging.getLogger(__name__)
+
+# OpenAI finish_reason -> the engine's eos_reason.
+EOS_REASONS = {"stop": "stop_token", "length": "max_new_tokens"}
+
+_END = object()  # queued after a cancel: iteration stops without an eos result, as an engine job's does
+
+
+class RemoteJob:
+    """A streamed chat completion; `async for result in job` yields dicts shaped like the engine's results.
+
+    Text arrives as {"stage": "streaming", "eos": False, "text": ...}; the last result has "eos": True with
+    "eos_reason", "full_completion", "new_tokens", "prompt_tokens", "cached_tokens" and the times
+    "time_enqueued" (request sent -> reply headers), "time_prefill" (headers -> first text) and
+    "time_generate" (first text -> last text). Failures are raised from the iteration as RemoteError, after
+    every piece of text that did arrive.
+    """
+
+    def __init__(
+        self,
+        make_client: Callable[[], httpx2.AsyncClient],
+        url: str,
+        body: dict[str, Any],
+        base_url: str,
+        timeout: float,
+        identifier: object = None,
+        optional_fields: tuple[str, ...] = (),
+        on_optional_refused: Callable[[], None] | None = None,
+    ):
+        self._make_client = make_client
+        self._url = url
+        self._body = body
+        self._base_url = base_url
+        self._timeout = timeout
+        self.identifier = identifier
+        # Sampler fields only some servers take (top_k, min_p, repetition_penalty): a server that refuses
+        # them by name gets the request again without them, and `dropped_fields` tells the UI which.
+        self._optional_fields = optional_fields
+        self._on_optional_refused = on_optional_refused
+        self.dropped_fields: tuple[str, ...] = ()
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._finished = False  # the eos result, an error or the cancel marker has been handed out
+        self.text = ""
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._read(), name=f"remote-answer {self._url}")
+
+    @property
+    def is_running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def cancel(self) -> bool:
+        """Close the stream now (the server sees the disconnect and stops); False when it had already ended."""
+        if self._task is None or self._task.done():
+            return False
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)  # the connection is closed when this returns
+        self._queue.put_nowait(_END)
+        return True
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        try:
+            while not self._finished:
+                item = await self._queue.get()
+                if item is _END:
+                    self._finished = True
+                elif isinstance(item, BaseException):
+                    self._finished = True
+                    raise item
+                else:
+                    self._finished = item["eos"]
+                    yield item
+        finally:
+            if not self._finished and self._task is not None:
+                self._task.cancel()  # left early (break, a cancelled task): drop the connection
+
+    # --- the reader task -----------------------------------------------------------------------------------
+
+    async def _read(self) -> None:
+        client = self._make_client()
+        try:
+            body = self._body
+            while True:
+                try:
+                    await self._stream(client, body)
+                    return
+                except RemoteRefused as e:
+                    refused = [f for f in self._optional_fields if f in body and f in e.server_message]
+                    if not refused or self.text:
+                        raise
+                    self.dropped_fields = tuple(f for f in self._optional_fields if f in body)
+                    log.warning("%s refused %s; asking again without them", self._base_url, self.dropped_fields)
+                    if self._on_optional_refused is not None:
+                        self._on_optional_refused()
+                    body = {k: v for k, v in body.items() if k not in self._optional_fields}
+        except RemoteError as e:
+            self._queue.put_nowait(e)
+        except httpx2.TransportError as e:
+            self._queue.put_nowait(transport_error(e, self._base_url, self._timeout, len(self.text)))
+        except Exception as e:  # a bug here must still end the caller's async for
+            log.exception("reading the remote answer failed")
+            self._queue.put_nowait(RemoteError(f"Reading the answer from {self._base_url} failed: {e!r}"))
+        finally:
+            await client.aclose()
+
+    async def _stream(self, client: httpx2.AsyncClient, body: dict[str, Any]) -> None:
+        time_sent = time.perf_counter()
+        async with client.stream("POST", self._url, json=body) as response:
+            time_headers = time.perf_counter()
+            if response.status_code >= 400:
+                raise status_error(response.status_code, await response.aread(), self._url, body.get("model"))
+            content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+            if content_type != "text/event-stream":
+                raise not_openai(self._url, content_type, (await response.aread())[:2000])
+            stats = _Stats(time_sent, time_headers)
+            failure: RemoteError | None = None
+            try:
+                # Read to the end of the reply, past [DONE] and past a bad event, rather than leaving the loop:
+                # httpx's reading generators left suspended are closed later by the garbage collector, outside
+                # the event loop under qasync (which installs no async-generator hooks), and fail there.
+                async for event in httpx2.EventSource(response):
+                    if failure is not None or event.data.strip() == "[DONE]":
+                        continue
+                    try:
+                        text = stats.take(self._chunk(event.data))
+                    except RemoteError as e:
+                        failure = e
+                        continue
+                    if text:
+                        self.text += text
+                        self._put({"stage": "streaming", "eos": False, "text": text})
+            except httpx2.TransportError:
+                if stats.finish_reason is None:
+                    raise
+                # The answer had ended (finish_reason came); only the usage chunk or [DONE] was lost.
+            if failure is not None:
+                raise failure
+            if stats.finish_reason is None:
+                raise stream_cut(self._base_url, len(self.text))
+            self._put(stats.eos_result(self.text))
+
+    def _chunk(self, data: str) -> Mapping[str, Any]:
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise not_openai(self._url, "an event that is not JSON", data.encode()) from None
+        if not isinstance(chunk, dict):
+            raise not_openai(self._url, "an event that is not a JSON object", data.encode())
+        if "error" in chunk:  # vLLM and llama-server report failures mid-stream as an event
+            error = chunk["error"]
+            said = error.get("message", "") if isinstance(error, dict) else str(error)
+            raise RemoteRefused(f'The server at {self._base_url} stopped the answer with an error: "{said}"', 500, said)
+        if not isinstance(chunk.get("choices"), list) and "usage" not in chunk:
+            raise RemoteBadReply(
+                f"The server at {self._base_url} streamed events that are not chat completion chunks "
+                f"(no 'choices'): {data[:160]!r}. Check that the URL is an OpenAI-compatible API."
+            )
+        return chunk
+
+    def _put(self, result: dict[str, Any]) -> None:
+        result["job"] = self
+        if self.identifier is not None:
+            result["identifier"] = self.identifier
+        self._queue.put_nowait(result)
+
+
+class _Stats:
+    """What the chunks of one stream say about its end: finish reason, usage and the times of its text."""
+
+    def __init__(self, time_sent: float, time_headers: float):
+        self.time_sent = time_sent
+        self.time_headers = time_headers
+        self.time_first: float | None = None
+        self.time_last: float | None = None
+        self.num_text_chunks = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: object = None
+        self.usage: Mapping[str, Any] = {}
+
+    def take(self, chunk: Mapping[str, Any]) -> str:
+        """The chunk's text (its first choice's content delta), noting its finish reason and usage."""
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]  # transformers serve puts it on the last choice chunk, others apart
+        choices = chunk.get("choices") or []
+        if not choices or not isinstance(choices[0], dict):
+            return ""
+        choice = choices[0]
+        if choice.get("finish_reason"):
+            self.finish_reason = choice["finish_reason"]
+            self.stop_reason = choice.get("stop_reason")  # vLLM: the stop string that ended the answer
+        delta = choice.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else None
+        if not isinstance(text, str) or not text:
+            return ""
+        now = time.perf_counter()
+        self.time_first = self.time_first if self.time_first is not None else now
+        self.time_last = now
+        self.num_text_chunks += 1
+        return text
+
+    def eos_result(self, full_completion: str) -> dict[str, Any]:
+        now = time.perf_counter()
+        first = self.time_first if self.time_first is not None else now
+        last = self.time_last if self.time_last is not None else first
+        details = self.usage.get("prompt_tokens_details") or {}
+        reason = EOS_REASONS.get(self.finish_reason, "stop_token")
+        if reason == "stop_token" and isinstance(self.stop_reason, str):
+            reason = "stop_string"
+        return {
+            "stage": "streaming",
+            "eos": True,
+            "text": "",
+            "eos_reason": reason,
+            "full_completion": full_completion,
+            # Without usage, each text chunk is counted as one token (servers send one chunk per token).
+            "new_tokens": int(self.usage.get("completion_tokens") or self.num_text_chunks),
+            "prompt_tokens": int(self.usage.get("prompt_tokens") or 0),
+            "cached_tokens": int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
+            "time_enqueued": self.time_headers - self.time_sent,
+            "time_prefill": first - self.time_headers,
+            "time_generate": last - first,
+        }
