@@ -21,8 +21,17 @@ import httpx2
 from PIL import Image
 
 from app.service.images import ImageSource
-from app.service.remote_errors import RemoteBadReply, RemoteError, not_openai, status_error, transport_error
+from app.service.remote_errors import (
+    RemoteBadReply,
+    RemoteError,
+    RemoteNotFound,
+    RemoteRefused,
+    not_openai,
+    status_error,
+    transport_error,
+)
 from app.service.remote_stream import RemoteJob
+from engine.vision.prompt import count_images
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +72,7 @@ class RemoteBackend:
         self._context_length = 0
         self._penalty_field = "repetition_penalty"
         self._optional_refused = False
+        self._listed = False  # GET /models has answered (see _ensure_listed)
 
     # --- what the app asks of any backend ------------------------------------------------------------------
 
@@ -112,6 +122,7 @@ class RemoteBackend:
             if any(c.get("owned_by") == "llamacpp" for c in cards):
                 self._penalty_field = "repeat_penalty"
             self._context_length = _context_of(card) or await self._props_context(client)
+        self._listed = True
         return ids
 
     async def _props_context(self, client: httpx2.AsyncClient) -> int:
@@ -139,22 +150,27 @@ class RemoteBackend:
         `messages` are {"role", "content"} dicts; a user message's content may be a list of parts holding
         {"type": "image"}, and `images` are those images' files (or bytes) in the order the parts appear.
         `settings` is a GenerationSettings (sampler fields, seed, max_new_tokens, json_mode). Raises
-        RemoteError at once when images are given to a model the user has not marked as seeing images, or
-        when no model is chosen; everything the server says is raised from the job.
+        RemoteError at once when images are given to a model the user has not marked as seeing images;
+        everything else (no server, no such model, a file that is no image) is raised from the job. The
+        first answer lists the server's models (see list_models) unless that was done already.
         """
-        if self.model is None:
-            await self.list_models()
         if images and not self.sees_images:
             raise RemoteError(
                 f"'{self.name}' is not marked as seeing images, so the images cannot be sent. If the model reads "
                 "images (a vision-language model), tick 'sees images' for this endpoint; otherwise remove them."
             )
-        urls = await asyncio.to_thread(_data_urls, list(images))
-        wire = _wire_messages(messages, system_prompt, urls)
-        body = self.request_body(wire, settings)
-        optional = () if self._optional_refused else OPTIONAL_FIELDS
-        if self._optional_refused:
-            body = {k: v for k, v in body.items() if k not in OPTIONAL_FIELDS}
+        _count_image_parts(messages, len(images))
+        images = list(images)
+
+        async def body() -> dict[str, Any]:
+            # In the job's task, so that a server which cannot be reached fails the job, as the engine's do.
+            await self._ensure_listed()
+            urls = await asyncio.to_thread(_data_urls, images)
+            out = self.request_body(_wire_messages(messages, system_prompt, urls), settings)
+            if self._optional_refused:
+                out = {k: v for k, v in out.items() if k not in OPTIONAL_FIELDS}
+            return out
+
         job = RemoteJob(
             self._client,
             f"{self.base_url}/chat/completions",
@@ -162,11 +178,24 @@ class RemoteBackend:
             self.base_url,
             self.timeout,
             identifier=identifier,
-            optional_fields=optional,
+            optional_fields=OPTIONAL_FIELDS,
             on_optional_refused=self._remember_optional_refused,
         )
         job.start()
         return job
+
+    async def _ensure_listed(self) -> None:
+        """List the models once: it picks the default model and tells llama-server (whose penalty field has
+        another name) from the rest. A chosen model is asked for even where /models is missing or odd."""
+        if self._listed:
+            return
+        try:
+            await self.list_models()
+        except (RemoteNotFound, RemoteBadReply, RemoteRefused) as e:
+            if self.model is None:
+                raise
+            log.info("%s lists no models (%s); asking for '%s' anyway", self.base_url, e, self.model)
+            self._listed = True
 
     def request_body(self, messages: list[dict[str, Any]], settings: Any) -> dict[str, Any]:
         """The streamed /chat/completions body for `messages` under `settings`.
@@ -264,27 +293,27 @@ def _data_urls(images: list[ImageSource]) -> list[str]:
     return urls
 
 
+def _count_image_parts(messages: Sequence[Mapping[str, Any]], num_images: int) -> None:
+    num_parts = count_images(messages)
+    if num_parts != num_images:
+        raise ValueError(f"{num_images} images were given for {num_parts} image parts in the messages.")
+
+
 def _wire_messages(
     messages: Sequence[Mapping[str, Any]], system_prompt: str | None, image_urls: list[str]
 ) -> list[dict[str, Any]]:
     """The conversation as OpenAI messages: the system prompt first, each {"type": "image"} part an image_url
-    part holding the next data URL."""
+    part holding the next data URL (there is one per part: see _count_image_parts)."""
     out: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    next_image = 0
+    urls = iter(image_urls)
     for message in messages:
         content = message.get("content")
         if isinstance(content, list):
-            parts = []
-            for part in content:
-                if isinstance(part, Mapping) and part.get("type") == "image":
-                    if next_image >= len(image_urls):
-                        raise ValueError(f"The messages hold more image parts than the {len(image_urls)} images given.")
-                    parts.append({"type": "image_url", "image_url": {"url": image_urls[next_image]}})
-                    next_image += 1
-                else:
-                    parts.append(dict(part))
-            content = parts
+            content = [
+                {"type": "image_url", "image_url": {"url": next(urls)}}
+                if isinstance(part, Mapping) and part.get("type") == "image"
+                else dict(part)
+                for part in content
+            ]
         out.append({"role": message["role"], "content": content})
-    if next_image != len(image_urls):
-        raise ValueError(f"{len(image_urls)} images were given for {next_image} image parts in the messages.")
     return out

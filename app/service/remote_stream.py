@@ -1,6 +1,7 @@
 """One answer streamed from a remote OpenAI-compatible server, read as the engine's result dicts.
 
-    start_answer ──> RemoteJob.start(): a reader task POSTs the request and parses its server-sent events
+    start_answer ──> RemoteJob.start(): a reader task builds the request body (listing the models once,
+                     reading images), POSTs it and parses the reply's server-sent events
                         │   text deltas, finish_reason, usage ──> results ──> asyncio queue
     async for result in job  <──────────────────────────────────────────────────┘
     await job.cancel(): cancels the reader task, which closes the HTTP stream (the server cancels its job)
@@ -15,7 +16,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx2
@@ -52,7 +53,7 @@ class RemoteJob:
         self,
         make_client: Callable[[], httpx2.AsyncClient],
         url: str,
-        body: dict[str, Any],
+        make_body: Callable[[], Awaitable[dict[str, Any]]],
         base_url: str,
         timeout: float,
         identifier: object = None,
@@ -61,7 +62,7 @@ class RemoteJob:
     ):
         self._make_client = make_client
         self._url = url
-        self._body = body
+        self._make_body = make_body  # run in the reader task: what it raises (cannot list models) ends the job
         self._base_url = base_url
         self._timeout = timeout
         self.identifier = identifier
@@ -112,7 +113,7 @@ class RemoteJob:
     async def _read(self) -> None:
         client = self._make_client()
         try:
-            body = self._body
+            body = await self._make_body()
             while True:
                 try:
                     await self._stream(client, body)

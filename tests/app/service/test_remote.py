@@ -249,6 +249,8 @@ def test_a_text_only_server_refusing_images_says_so(ours, shapes_png):
     picture = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]}]
 
     async def main():
+        with pytest.raises(ValueError, match="2 images were given for 1 image parts"):
+            await ask(backend, picture, images=[shapes_png, shapes_png])
         return await partial_and_error(await ask(backend, picture, images=[shapes_png]))
 
     text, error = asyncio.run(main())
@@ -282,25 +284,34 @@ def test_streams_and_stops_on_the_apps_qasync_loop(ours, loop):
 # ----------------------------------------------------------------------------------- misbehaving servers
 
 
-async def read_request(reader: asyncio.StreamReader) -> None:
+async def read_request(reader: asyncio.StreamReader) -> str:
+    """Read one request; its request line ("POST /v1/chat/completions HTTP/1.1")."""
     head = await reader.readuntil(b"\r\n\r\n")
     length = re.search(rb"content-length:\s*(\d+)", head, re.IGNORECASE)
     await reader.readexactly(int(length.group(1)) if length else 0)
+    return head.split(b"\r\n", 1)[0].decode()
 
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, asyncio.Event], Awaitable[None]]
+MODELS = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}).encode()
 
 
 @asynccontextmanager
-async def raw_server(handler: Handler):
-    """A plain asyncio HTTP server on a free port answering every request with `handler`; yields its
-    base URL. Handlers that stall wait for the event the server sets when the test is done."""
+async def raw_server(handler: Handler, lists_models: bool = True):
+    """A plain asyncio HTTP server on a free port answering chat requests with `handler` (and GET
+    /v1/models with one model 'm' when `lists_models`, else with `handler` too); yields its base URL.
+    Handlers that stall wait for the event the server sets when the test is done."""
     done = asyncio.Event()
 
     async def serve(reader, writer):
         try:
-            await read_request(reader)
-            await handler(reader, writer, done)
+            request = await read_request(reader)
+            if lists_models and request.startswith("GET /v1/models "):
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+                writer.write(b"Content-Length: %d\r\n\r\n%s" % (len(MODELS), MODELS))
+                await writer.drain()
+            else:
+                await handler(reader, writer, done)
         finally:
             writer.close()
 
@@ -346,7 +357,7 @@ def test_an_html_page_is_not_an_openai_reply():
         await writer.drain()
 
     async def main():
-        async with raw_server(html) as url:
+        async with raw_server(html, lists_models=False) as url:
             with pytest.raises(RemoteBadReply, match="did not answer like an OpenAI-compatible API"):
                 await RemoteBackend(url).list_models()
             return await partial_and_error(await ask(RemoteBackend(url, model="m")))

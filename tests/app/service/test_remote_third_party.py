@@ -191,12 +191,11 @@ def test_llama_server_streams_answers_with_its_context_and_cache(llama_server):
     backend = RemoteBackend(llama_server)
 
     async def main():
-        await backend.list_models()
-        first = await answer(backend, max_new_tokens=24)
+        first = await answer(backend, max_new_tokens=24)  # lists the models first
         return first, await answer(backend, max_new_tokens=24)
 
     (_, first), (_, again) = asyncio.run(main())
-    assert backend.context_length == 1024  # its /v1/models card's meta.n_ctx
+    assert backend.model.endswith(".gguf") and backend.context_length == 1024  # its model card's meta.n_ctx
     assert backend.request_body(USER, settings(token_repetition_penalty=1.1))["repeat_penalty"] == 1.1
     text = "".join(r["text"] for r in first[:-1])
     assert text and text == first[-1]["full_completion"] == again[-1]["full_completion"]
