@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from engine.errors import UnsupportedArchitectureError
 from engine.models.base import Model
-from engine.models.gemma3_vlm import Gemma3ForConditionalGeneration
-from engine.models.idefics3 import Idefics3ForConditionalGeneration
-from engine.models.llava import LlavaForConditionalGeneration
-from engine.models.mistral3 import Mistral3ForConditionalGeneration
-from engine.models.qwen2_vl import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
+from engine.models.gemma3.model import Gemma3ForConditionalGeneration
+from engine.models.idefics3.model import Idefics3ForConditionalGeneration
+from engine.models.llava.model import LlavaForConditionalGeneration
+from engine.models.mistral3.model import Mistral3ForConditionalGeneration
+from engine.models.qwen2_vl.model import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 from engine.models.text_models import TEXT_MODELS
 
 _MODELS: dict[str, type[Model]] = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from engine.errors import UnsupportedArchitectureError
 from engine.models.base import Model
-from engine.models.gemma3 import Gemma3ForCausalLM
+from engine.models.gemma3.text import Gemma3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM

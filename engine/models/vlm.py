@@ -22,8 +22,8 @@ from engine.errors import UnsupportedArchitectureError
 from engine.models.base import Model
 from engine.models.batch import Batch
 from engine.models.rope import RotaryTable
-from engine.models.vision import load_checked
-from engine.models.vision.handle import VisionHandle
+from engine.vision.handle import VisionHandle
+from engine.vision.layers import load_checked
 
 log = logging.getLogger(__name__)
 

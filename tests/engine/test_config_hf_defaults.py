@@ -31,7 +31,7 @@ from engine.config import ModelConfig
 from engine.errors import ModelLoadError, UnsupportedArchitectureError
 from engine.loading.model import load_model
 from engine.models.registry import model_class, supported_architectures
-from engine.models.vision import ACTIVATIONS
+from engine.vision.layers import ACTIVATIONS
 
 CONFIGS = Path(__file__).parent / "hf_configs"
 SUPPORTED = [

@@ -21,7 +21,7 @@ from engine.vision.prompt import user_message
 
 # The tiny Qwen2-VL folder builder of the model tests (tests are not a package, so load it by path).
 _spec = importlib.util.spec_from_file_location(
-    "qwen2_vl_model_tests", Path(__file__).parents[2] / "engine" / "models" / "test_qwen2_vl.py"
+    "qwen2_vl_model_tests", Path(__file__).parents[2] / "engine" / "models" / "qwen2_vl" / "test_qwen2_vl.py"
 )
 qwen = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))
 _spec.loader.exec_module(qwen)

@@ -13,8 +13,8 @@ import pytest
 from PIL import Image, features
 
 from engine.errors import ImageError
+from engine.models.llava.processor import ImageProcessor
 from engine.vision.image import image_content_hash, load_image, oriented_size, to_rgb
-from engine.vision.preprocess import ImageProcessor
 
 
 def _encode(image: Image.Image, fmt: str, **params) -> bytes:
