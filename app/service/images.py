@@ -13,6 +13,7 @@ import torch
 
 from engine.errors import ImageError
 from engine.vision.embedding import MMEmbedding
+from engine.vision.image import decode_image
 
 log = logging.getLogger(__name__)
 
@@ -52,24 +53,19 @@ class EmbeddingCache:
 
 def embed_all(loaded: Any, images: list[ImageSource]) -> list[MMEmbedding]:
     """Vision worker: embed each image with `loaded`'s model (`.model`, `.tokenizer`, `.vision`, `.name`),
-    through its LRU (`.images`)."""
+    through its LRU (`.images`).
+
+    Each file is read once and its bytes hashed once (sha256, the LRU key); on a miss the engine's one door,
+    `decode_image`, checks and decodes those bytes and takes that digest for the embedding's ids, so the
+    vision handle neither reads the file again nor hashes the pixels.
+    """
     out = []
     for source in images:
-        if isinstance(source, (bytes, bytearray, memoryview)):
-            data = bytes(source)
-        else:
-            try:
-                data = Path(source).read_bytes()
-            except OSError as e:
-                raise ImageError(
-                    f"cannot read the image {source}: {e.strerror or e}. It may have been moved or deleted; "
-                    "attach it again."
-                ) from None
+        data, name = _read(source)
         key = hashlib.sha256(data).hexdigest()
         embedding = loaded.images.get(key)
         if embedding is None:
-            # A path rather than the bytes, so the vision side's errors name the file.
-            image = data if isinstance(source, (bytes, bytearray, memoryview)) else source
+            image = decode_image(data, name=name, content_hash=key)
             with torch.no_grad():
                 embedding = loaded.vision.get_image_embeddings(
                     model=loaded.model, tokenizer=loaded.tokenizer, image=image
@@ -78,3 +74,15 @@ def embed_all(loaded: Any, images: list[ImageSource]) -> list[MMEmbedding]:
             log.info("%s: embedded image %s (%d tokens)", loaded.name, key[:12], embedding.num_tokens)
         out.append(embedding)
     return out
+
+
+def _read(source: ImageSource) -> tuple[bytes, str | None]:
+    """The image's bytes and the name its errors give it (the path; None lets bytes be named by their size)."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source), None
+    try:
+        return Path(source).read_bytes(), str(source)
+    except OSError as e:
+        raise ImageError(
+            f"cannot read the image {source}: {e.strerror or e}. It may have been moved or deleted; attach it again."
+        ) from None

@@ -1,7 +1,9 @@
-"""Image attachments: checking files with Pillow (off the GUI thread) and the strip of thumbnails before sending.
+"""Image attachments: checking files (off the GUI thread) and the strip of thumbnails before sending.
 
-Every check raises `AttachmentError` whose message names the file and says what to do; the chat tab shows it
-and keeps going.
+The check is the engine's, `engine.vision.image.decode_image`, with its one size limit, so what attaches is
+what the model can read; the window adds only its own file-size cap and the formats it shows. Every check
+raises `AttachmentError` whose message names the file and says what to do; the chat tab shows it and keeps
+going.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,17 +18,20 @@ from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QSize, Qt, Signal
 from PySide6.QtGui import QImage, QPixmap
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QToolButton, QVBoxLayout, QWidget
 
+from engine.errors import ImageError
+from engine.vision.image import check_size, decode_image
+
 log = logging.getLogger(__name__)
 
 MAX_FILE_BYTES = 32 * 1024 * 1024
-MAX_PIXELS = 40_000_000  # 40 MP: bigger photos are shrunk by the vision encoder anyway, and decoding them costs
 THUMBNAIL_SIZE = 96
+# The formats the window attaches (and shows again from the store with Qt), by Pillow's name -> file suffix.
 _FORMATS = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp", "GIF": "gif", "BMP": "bmp"}
 IMAGE_FILE_FILTER = "Images (*.png *.jpg *.jpeg *.webp *.gif *.bmp)"
 
 
-class AttachmentError(ValueError):
-    """A file that cannot be attached: not an image, corrupt, truncated, or too big."""
+class AttachmentError(ImageError):
+    """A file that cannot be attached: not an image, corrupt, truncated, too big, or of a format not attached."""
 
 
 @dataclass(frozen=True)
@@ -45,57 +49,27 @@ class ImageAttachment:
 def check_image_bytes(data: bytes, name: str) -> ImageAttachment:
     """Check that `data` is a whole, readable image of a supported format and sensible size.
 
-    Slow for big images (decodes every pixel): call it from a worker thread (`load_image_file_async`).
+    Slow for big images (decodes every pixel, which is what finds a truncated file): call it from a worker
+    thread (`load_image_file_async`).
     """
-    from PIL import Image, UnidentifiedImageError
-
     if len(data) > MAX_FILE_BYTES:
         raise AttachmentError(
             f"{name} is {len(data) / 2**20:.0f} MB; Tandem attaches images up to {MAX_FILE_BYTES // 2**20} MB. "
             "Save a smaller copy and attach that."
         )
     try:
-        with warnings.catch_warnings():
-            # Pillow warns (then raises) on decompression bombs; our own pixel limit below is lower, so a
-            # warning here only means the header is absurd.
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as image:
-                width, height = image.size
-                kind = image.format or ""
-                _check_size(name, width, height)
-                if kind not in _FORMATS:
-                    raise AttachmentError(
-                        f"{name} is a {kind or 'unknown'} image; Tandem attaches PNG, JPEG, WebP, GIF and BMP."
-                    )
-                image.verify()  # checksums and structure, without decoding
-            with Image.open(io.BytesIO(data)) as image:
-                image.load()  # decoding every pixel is what finds a truncated file
-                thumb = image.convert("RGBA") if image.mode not in ("RGB", "RGBA") else image.copy()
-    except AttachmentError:
-        raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise AttachmentError(
-            f"{name} is too large to open safely ({e}). Scale it below {MAX_PIXELS // 1_000_000} megapixels."
-        ) from e
-    except UnidentifiedImageError as e:
-        raise AttachmentError(
-            f"{name} is not an image Tandem can read; attach a PNG, JPEG, WebP, GIF or BMP file."
-        ) from e
-    except (OSError, SyntaxError, ValueError, EOFError) as e:
-        # Pillow reports broken files as OSError ("image file is truncated"), SyntaxError (bad PNG chunk), ...
-        raise AttachmentError(f"{name} is corrupt or truncated and cannot be attached ({e}).") from e
+        image = decode_image(data, name=name)
+    except ImageError as e:
+        raise AttachmentError(str(e)) from e
+    kind = image.format or ""
+    if kind not in _FORMATS:
+        raise AttachmentError(f"{name} is a {kind or 'unknown'} image; Tandem attaches PNG, JPEG, WebP, GIF and BMP.")
+    thumb = image.picture.copy()
     thumb.thumbnail((THUMBNAIL_SIZE * 2, THUMBNAIL_SIZE * 2))
     out = io.BytesIO()
     thumb.save(out, "PNG")
+    width, height = image.picture.size
     return ImageAttachment(name, data, _FORMATS[kind], width, height, out.getvalue())
-
-
-def _check_size(name: str, width: int, height: int) -> None:
-    if width * height > MAX_PIXELS:
-        raise AttachmentError(
-            f"{name} is {width}x{height} pixels ({width * height / 1e6:.0f} MP); Tandem attaches images up to "
-            f"{MAX_PIXELS // 1_000_000} MP. Scale it down and attach it again."
-        )
 
 
 def load_image_file(path: str | Path) -> ImageAttachment:
@@ -133,7 +107,10 @@ async def load_qimage_async(image: QImage, name: str = "pasted image") -> ImageA
     """Check a pasted QImage (converted to PNG on a worker thread)."""
     if image.isNull():
         raise AttachmentError("The clipboard image is empty or unreadable; copy the image again.")
-    _check_size(name, image.width(), image.height())
+    try:
+        check_size(name, image.width(), image.height())
+    except ImageError as e:
+        raise AttachmentError(str(e)) from e
     copy = image.copy()  # the clipboard may change while the worker runs
     loop = asyncio.get_running_loop()
     data = await loop.run_in_executor(None, qimage_to_png, copy)

@@ -11,7 +11,7 @@ from PIL import Image
 
 from engine.errors import ModelLoadError
 from engine.vision.embedding import MMEmbedding, content_hash
-from engine.vision.image import ImageSource, image_content_hash, load_image, oriented_size
+from engine.vision.image import ImageSource, decode_image, oriented_size
 
 
 def vision_of(model: object) -> VisionHandle | None:
@@ -84,17 +84,20 @@ class VisionHandle:
         image: ImageSource | None = None,
         text_alias: str | None = None,
     ) -> MMEmbedding:
-        """Embed one image (a PIL image, a path or encoded bytes) as an MMEmbedding of this model's rows.
+        """Embed one image (a PIL image, a path, encoded bytes, or a DecodedImage) as an MMEmbedding of this
+        model's rows.
 
         `model` is accepted for exllamav2's call shape (this handle already belongs to its model). `tokenizer`
         tokenizes marker text for models whose image run holds some (the model's own tokenizer when None);
-        the embedding's token ids come from the image content, not the tokenizer.
+        the embedding's token ids come from the image content (`DecodedImage.content_hash`), not the
+        tokenizer. A DecodedImage is neither read, checked nor hashed again.
         """
         if image is None:
             raise ValueError("get_image_embeddings needs image= (a PIL image, a file path or image bytes)")
-        picture = load_image(image)
+        decoded = decode_image(image)
+        picture = decoded.picture
         rows = self.embed_picture(picture, tokenizer)
-        return self.wrap(rows, image_content_hash(picture), picture.height, picture.width, text_alias)
+        return self.wrap(rows, decoded.content_hash, picture.height, picture.width, text_alias)
 
     def embed_picture(self, picture: Image.Image, tokenizer: Any | None) -> torch.Tensor:
         """The rows [num_tokens, hidden] of a decoded RGB picture's whole id run."""

@@ -1,9 +1,14 @@
 """Decoding user images into fully loaded RGB Pillow images, refusing anything unsafe or unreadable.
 
-`load_image` is the one door images come through (a dropped file, pasted bytes, an open Pillow image):
-it checks the size the header declares before any pixel is decoded, applies EXIF orientation, takes
-the first frame of animations and turns every Pillow mode into 8-bit RGB. Every failure is an
-`ImageError` whose message names the image and says what to do.
+`decode_image` is the one door images come through, for the app's attachments, the engine's vision handles
+and the server's data: URLs alike (a dropped file, pasted bytes, an open Pillow image): it checks the size
+the header declares against the one limit (`check_size`) before any pixel is decoded, applies EXIF
+orientation, takes the first frame of animations and turns every Pillow mode into 8-bit RGB. Every failure
+is an `ImageError` whose message names the image and says what to do.
+
+    file / bytes --read once--> decode_image --> DecodedImage(picture, format, content_hash)
+                                  |                 (hashed once, when first asked, or given by a
+                                  check_size         caller that already hashed the bytes)
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import logging
 import re
 import struct
 import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +29,6 @@ from engine.vision.embedding import content_hash
 
 logger = logging.getLogger(__name__)
 
-ImageSource = str | Path | bytes | bytearray | memoryview | Image.Image
 
 # What Pillow raises while parsing or decoding a damaged file; all of them become ImageError.
 _DECODE_ERRORS = (
@@ -56,29 +61,85 @@ FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 # peaked at 1.9 GB before strips.
 MAX_DECODE_BYTES = 1 << 30
 _SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
-# The largest picture load_image takes by default: per side, and in all.
+# The one limit on a picture, per side and in all, for the app's attachments, the engine and the server. 64 MP
+# rather than the app's former 40 MP: 48 and 50 MP phone photos are common, decoding 64 MP to RGB takes
+# 192 MB (well inside MAX_DECODE_BYTES), and the engine and the server already took 64 MP.
 MAX_SIDE = 8192
 MAX_PIXELS = 64_000_000
 
 
-def load_image(source: ImageSource, *, max_side: int = MAX_SIDE, max_pixels: int = MAX_PIXELS) -> Image.Image:
-    """Decode `source` (a path, encoded bytes, or an open Pillow image) into a loaded RGB image.
+@dataclass(eq=False)
+class DecodedImage:
+    """A picture that passed the one check, decoded once: its RGB pixels (EXIF-oriented), the format its bytes
+    were in (None for a picture given as a Pillow image without one) and the name messages give it.
+
+    `content_hash` names its content for MMEmbedding ids and caches: the digest a caller already computed from
+    the bytes (passed to `decode_image`), or else the digest of the pixels, computed once on first use.
+    """
+
+    picture: Image.Image
+    format: str | None
+    name: str
+    digest: str | None = field(default=None, repr=False)
+
+    @property
+    def content_hash(self) -> str:
+        if self.digest is None:
+            self.digest = image_content_hash(self.picture)
+        return self.digest
+
+
+ImageSource = str | Path | bytes | bytearray | memoryview | Image.Image | DecodedImage
+
+
+def decode_image(
+    source: ImageSource,
+    *,
+    name: str | None = None,
+    content_hash: str | None = None,
+    max_side: int = MAX_SIDE,
+    max_pixels: int = MAX_PIXELS,
+) -> DecodedImage:
+    """Check and decode `source` (a path, encoded bytes, or an open Pillow image) into a DecodedImage.
 
     The declared size is checked against `max_side` (pixels per side) and `max_pixels` (width x
     height) before decoding, so a small file that declares a huge canvas is refused without
     allocating it. Animated images give their first frame (an open image is rewound to frame 0, so
-    one picture always yields the same pixels). Raises `ImageError` for anything that cannot be used.
+    one picture always yields the same pixels). `name` is how error messages call the image (the path,
+    or "the image data (N bytes)", by default); `content_hash` is a digest the caller already has of
+    the bytes, kept rather than hashing again. A DecodedImage is returned as it is. Raises `ImageError`
+    for anything that cannot be used.
     """
+    if isinstance(source, DecodedImage):
+        return source
     if isinstance(source, Image.Image):
-        return _decode(source, "the given image", max_side, max_pixels)
-    opened, name = _open(source, max_side, max_pixels)
+        label = name or "the given image"
+        return DecodedImage(_decode(source, label, max_side, max_pixels), source.format, label, content_hash)
+    opened, label = _open(source, max_side, max_pixels, name)
     with opened:
-        return _decode(opened, name, max_side, max_pixels)
+        return DecodedImage(_decode(opened, label, max_side, max_pixels), opened.format, label, content_hash)
+
+
+def load_image(source: ImageSource, *, max_side: int = MAX_SIDE, max_pixels: int = MAX_PIXELS) -> Image.Image:
+    """The loaded RGB picture of `source` (`decode_image(source).picture`)."""
+    return decode_image(source, max_side=max_side, max_pixels=max_pixels).picture
+
+
+def check_size(name: str, width: int, height: int, *, max_side: int = MAX_SIDE, max_pixels: int = MAX_PIXELS) -> None:
+    """Raise ImageError when a width x height picture is empty or over the limit: the one size check, for a
+    header's declared size before decoding and for a pasted picture before it is encoded."""
+    if width < 1 or height < 1:
+        raise ImageError(f"{name} has no pixels ({width}x{height}): use an image at least 1x1")
+    if max(width, height) > max_side or width * height > max_pixels:
+        declared = f"{width}x{height} ({width * height} pixels)"
+        raise ImageError(_too_large_message(name, declared, max_side, max_pixels))
 
 
 def oriented_size(source: ImageSource) -> tuple[int, int]:
     """(width, height) of the picture `load_image(source)` gives, from the header and the EXIF orientation:
     the pixels are not decoded. Raises `ImageError` for a source that cannot be opened as an image."""
+    if isinstance(source, DecodedImage):
+        return source.picture.size
     if isinstance(source, Image.Image):
         return _oriented_size(source)
     opened, _ = _open(source, MAX_SIDE, MAX_PIXELS)
@@ -96,14 +157,14 @@ def _oriented_size(image: Image.Image) -> tuple[int, int]:
     return (height, width) if orientation in (5, 6, 7, 8) else (width, height)
 
 
-def _open(source: ImageSource, max_side: int, max_pixels: int) -> tuple[Image.Image, str]:
+def _open(source: ImageSource, max_side: int, max_pixels: int, name: str | None = None) -> tuple[Image.Image, str]:
     """A lazily opened Pillow image of a path or encoded bytes, and the name error messages give it."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
-        name = f"the image data ({len(data)} bytes)"
+        name = name or f"the image data ({len(data)} bytes)"
     elif isinstance(source, (str, Path)):
         data = _read_file(Path(source))
-        name = str(source)
+        name = name or str(source)
     else:
         raise ImageError(
             f"cannot load an image from a {type(source).__name__}: pass a file path, the file's bytes, "
@@ -127,7 +188,7 @@ def _open(source: ImageSource, max_side: int, max_pixels: int) -> tuple[Image.Im
         # Pillow refuses canvases over twice its own limit inside `open`, before we see the size.
         raise ImageError(_too_large_message(name, _bomb_size(exc), max_side, max_pixels)) from None
     except _DECODE_ERRORS as exc:
-        raise ImageError(f"{name} is truncated or corrupt ({exc}): re-save or re-download it") from None
+        raise ImageError(f"{name} is corrupt or truncated ({exc}): re-save or re-download it") from None
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
@@ -180,11 +241,7 @@ def _read_file(path: Path) -> bytes:
 def _decode(image: Image.Image, name: str, max_side: int, max_pixels: int) -> Image.Image:
     """Check the declared size, then load, orient and convert; `image` may still be lazy."""
     width, height = image.size
-    if width < 1 or height < 1:
-        raise ImageError(f"{name} has no pixels ({width}x{height}): use an image at least 1x1")
-    if max(width, height) > max_side or width * height > max_pixels:
-        declared = f"{width}x{height} ({width * height} pixels)"
-        raise ImageError(_too_large_message(name, declared, max_side, max_pixels))
+    check_size(name, width, height, max_side=max_side, max_pixels=max_pixels)
     needed = _decode_bytes(image)
     if needed > MAX_DECODE_BYTES:
         raise ImageError(
@@ -201,7 +258,7 @@ def _decode(image: Image.Image, name: str, max_side: int, max_pixels: int) -> Im
     except Image.DecompressionBombError as exc:
         raise ImageError(_too_large_message(name, _bomb_size(exc), max_side, max_pixels)) from None
     except _DECODE_ERRORS as exc:
-        raise ImageError(f"{name} is truncated or corrupt ({exc}): re-save or re-download it") from None
+        raise ImageError(f"{name} is corrupt or truncated ({exc}): re-save or re-download it") from None
     try:
         return _convert_rgb(oriented)
     except _DECODE_ERRORS as exc:

@@ -8,14 +8,17 @@ embeddings, embeddings for a text-only model, a user typing the "<image>" placeh
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import json
 import threading
+from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
 
+import engine.vision.image
 from app.service import EngineService, describe_model
 from app.service.catalog import DEMO_VISION_NAME, demo_vision_path
 from engine.errors import ImageError
@@ -94,6 +97,21 @@ def test_embeddings_run_off_the_gui_thread_and_are_cached(loop, vision_service, 
     pixels = svc.model.vision.processor(Image.open(images["red"]).convert("RGB"))
     expected = svc.model.encode_images(pixels.unsqueeze(0))[0]
     torch.testing.assert_close(first[0].embeddings, expected)
+
+
+def test_each_image_file_is_read_once_and_hashed_once(loop, vision_service, images, monkeypatch):
+    # The service reads the file and hashes its bytes; the engine decodes those bytes and takes that digest
+    # for the ids, rather than reading the path again and hashing the pixels.
+    red = images["red"].read_bytes()
+    reads, digests, pixel_hashes = [], [], []
+    real_read, real_sha256, real_pixels = Path.read_bytes, hashlib.sha256, engine.vision.image.image_content_hash
+    monkeypatch.setattr(Path, "read_bytes", lambda path: reads.append(path) or real_read(path))
+    monkeypatch.setattr(hashlib, "sha256", lambda data=b"", **kw: digests.append(data) or real_sha256(data, **kw))
+    monkeypatch.setattr(engine.vision.image, "image_content_hash", lambda p: pixel_hashes.append(p) or real_pixels(p))
+
+    (embedding,) = run(loop, vision_service.embed_images([images["red"]]))
+    assert reads.count(images["red"]) == 1 and digests.count(red) == 1 and pixel_hashes == []
+    assert embedding.image_hash == real_sha256(red).hexdigest()
 
 
 def test_gui_keeps_running_while_an_image_is_embedded(loop, vision_service, images):

@@ -1,7 +1,7 @@
 """Image attachments: Pillow checks, the thumbnail strip, paste/drop/pick, refusal for a text-only model.
 
 Bad inputs tried: a text file named .png, a PNG cut in half, a JPEG cut in half, an empty file, a PNG whose
-header claims 20000x20000 pixels, a 6000x7000 image (over the 40 MP limit, real pixels), a TIFF (a real
+header claims 20000x20000 pixels, an 8000x8100 image (over the engine's 64 MP limit, real pixels), a TIFF (a real
 image of a format we do not attach), a file that does not exist, an empty clipboard image.
 """
 
@@ -17,6 +17,8 @@ from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
 from PySide6.QtGui import QColor, QDragEnterEvent, QDropEvent, QImage
 
 from app.ui.attachments import AttachmentError, check_image_bytes, load_image_file
+from engine.errors import ImageError
+from engine.vision.image import decode_image
 
 
 def png_bytes(width=64, height=48, color=(200, 30, 30)) -> bytes:
@@ -82,13 +84,28 @@ def test_bad_files_raise_clear_errors(bad_files, tmp_path):
     with pytest.raises(AttachmentError, match="Cannot read"):
         load_image_file(tmp_path / "nowhere.png")
     big = io.BytesIO()
-    Image.new("1", (6000, 7000)).save(big, "PNG")  # 42 MP of real pixels, a small file
-    with pytest.raises(AttachmentError, match="6000x7000 pixels"):
+    # 64.8 MP of real pixels, a small file. The app's own check refused 42 MP; the one limit is the engine's 64 MP.
+    Image.new("1", (8000, 8100)).save(big, "PNG")
+    with pytest.raises(AttachmentError, match=r"big.png is too large.*8000x8100 \(64800000 pixels\)"):
         check_image_bytes(big.getvalue(), "big.png")
     tiff = io.BytesIO()
     Image.new("RGB", (8, 8)).save(tiff, "TIFF")
     with pytest.raises(AttachmentError, match="TIFF image"):
         check_image_bytes(tiff.getvalue(), "scan.tiff")
+
+
+def test_the_attachment_check_is_the_engines():
+    # One limit and one wording: a picture the engine refuses, the window refuses with the engine's words.
+    for width, height in ((8193, 10), (8000, 8001)):
+        data = huge_png_header(width, height)
+        with pytest.raises(ImageError) as engine_says:
+            decode_image(data, name="wide.png")
+        with pytest.raises(AttachmentError) as app_says:
+            check_image_bytes(data, "wide.png")
+        assert "too large" in str(app_says.value) and str(app_says.value) == str(engine_says.value)
+    # At the limit the declared size passes (and decoding finds the header's missing pixels).
+    with pytest.raises(AttachmentError, match="edge.png is corrupt or truncated"):
+        check_image_bytes(huge_png_header(8000, 8000), "edge.png")
 
 
 def test_bad_attachments_show_a_message_and_the_app_keeps_working(

@@ -14,7 +14,16 @@ from PIL import Image, features
 
 from engine.errors import ImageError
 from engine.models.llava.processor import ImageProcessor
-from engine.vision.image import image_content_hash, load_image, oriented_size, to_rgb
+from engine.vision.image import (
+    MAX_PIXELS,
+    MAX_SIDE,
+    check_size,
+    decode_image,
+    image_content_hash,
+    load_image,
+    oriented_size,
+    to_rgb,
+)
 
 
 def _encode(image: Image.Image, fmt: str, **params) -> bytes:
@@ -124,6 +133,43 @@ def test_declared_size_over_our_limits_is_refused_before_decoding():
         load_image(_png_declaring(10000, 10))
     with pytest.raises(ImageError, match="too large"):
         load_image(_noise(40, 30), max_pixels=1000)
+
+
+def test_check_size_is_the_limit_decoding_uses():
+    # The one limit, exactly at its edges: the app's attachment check and a pasted picture call check_size too.
+    check_size("edge.png", MAX_SIDE, MAX_PIXELS // MAX_SIDE)
+    with pytest.raises(ImageError, match=r"wide.png is too large.*8193x1 \(8193 pixels\)"):
+        check_size("wide.png", MAX_SIDE + 1, 1)
+    with pytest.raises(ImageError, match="big.png is too large"):
+        check_size("big.png", 8000, MAX_PIXELS // 8000 + 1)
+    with pytest.raises(ImageError, match=r"flat.png has no pixels \(3x0\)"):
+        check_size("flat.png", 3, 0)
+    declared = _png_declaring(8000, MAX_PIXELS // 8000 + 1)
+    with pytest.raises(ImageError, match=r"8000x8001 \(64008000 pixels\)"):
+        decode_image(declared, name="declared.png")
+
+
+def test_decode_image_names_the_image_and_hashes_at_most_once():
+    data = _encode(_noise(5, 3), "PNG")
+    decoded = decode_image(data, name="photo.png")
+    assert (decoded.format, decoded.picture.size, decoded.picture.mode, decoded.name) == (
+        "PNG",
+        (5, 3),
+        "RGB",
+        "photo.png",
+    )
+    assert decoded.digest is None  # not hashed until asked
+    assert decoded.content_hash == image_content_hash(decoded.picture) == decoded.digest
+    # A digest the caller already has of the bytes is kept: the pixels are not hashed again.
+    given = decode_image(data, content_hash="ab" * 16)
+    assert given.content_hash == "ab" * 16
+    # A decoded image goes through as it is: not read, checked or decoded again.
+    assert decode_image(given) is given and load_image(given) is given.picture
+    assert oriented_size(given) == (5, 3)
+    with pytest.raises(ImageError, match="notes.png is not an image"):
+        decode_image(b"plain words", name="notes.png")
+    with pytest.raises(ImageError, match=r"the image data \(11 bytes\) is not an image"):
+        decode_image(b"plain words")
 
 
 def test_cmyk_jpeg_becomes_plausible_rgb():
