@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
 import struct
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
@@ -115,8 +119,7 @@ def decode_image(
     if isinstance(source, Image.Image):
         label = name or "the given image"
         return DecodedImage(_decode(source, label, max_side, max_pixels), source.format, label, content_hash)
-    opened, label = _open(source, max_side, max_pixels, name)
-    with opened:
+    with _opened(source, max_side, max_pixels, name) as (opened, label):
         return DecodedImage(_decode(opened, label, max_side, max_pixels), opened.format, label, content_hash)
 
 
@@ -142,8 +145,7 @@ def oriented_size(source: ImageSource) -> tuple[int, int]:
         return source.picture.size
     if isinstance(source, Image.Image):
         return _oriented_size(source)
-    opened, _ = _open(source, MAX_SIDE, MAX_PIXELS)
-    with opened:
+    with _opened(source, MAX_SIDE, MAX_PIXELS) as (opened, _):
         return _oriented_size(opened)
 
 
@@ -157,38 +159,56 @@ def _oriented_size(image: Image.Image) -> tuple[int, int]:
     return (height, width) if orientation in (5, 6, 7, 8) else (width, height)
 
 
-def _open(source: ImageSource, max_side: int, max_pixels: int, name: str | None = None) -> tuple[Image.Image, str]:
-    """A lazily opened Pillow image of a path or encoded bytes, and the name error messages give it."""
+@contextmanager
+def _opened(
+    source: ImageSource, max_side: int, max_pixels: int, name: str | None = None
+) -> Iterator[tuple[Image.Image, str]]:
+    """A lazily opened Pillow image of a path or encoded bytes, and the name error messages give it. A file is
+    read as Pillow needs it: its header alone for a size, every byte once for a decode."""
+    stream, name = _stream(source, name)
+    with stream:
+        try:
+            image = Image.open(stream, formats=FORMATS)
+        except UnidentifiedImageError:
+            stream.seek(0)
+            kind = _looks_like(stream.read(16))
+            if kind is not None:
+                raise ImageError(
+                    f"{name} starts like a {kind} file but is truncated or corrupt: re-save or re-download it"
+                ) from None
+            raise ImageError(
+                f"{name} is not an image Pillow can read (formats: {_format_list()}); "
+                "convert it to PNG or JPEG and try again"
+            ) from None
+        except Image.DecompressionBombError as exc:
+            # Pillow refuses canvases over twice its own limit inside `open`, before we see the size.
+            raise ImageError(_too_large_message(name, _bomb_size(exc), max_side, max_pixels)) from None
+        except _DECODE_ERRORS as exc:
+            raise ImageError(f"{name} is corrupt or truncated ({exc}): re-save or re-download it") from None
+        with image:
+            yield image, name
+
+
+def _stream(source: ImageSource, name: str | None) -> tuple[BinaryIO, str]:
+    """An open binary stream of a path or encoded bytes holding at least one byte, and the image's name."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
-        name = name or f"the image data ({len(data)} bytes)"
+        stream: BinaryIO = io.BytesIO(data)
+        size = len(data)
+        name = name or f"the image data ({size} bytes)"
     elif isinstance(source, (str, Path)):
-        data = _read_file(Path(source))
         name = name or str(source)
+        stream = _open_file(Path(source))
+        size = os.fstat(stream.fileno()).st_size
     else:
         raise ImageError(
             f"cannot load an image from a {type(source).__name__}: pass a file path, the file's bytes, "
             "or a PIL.Image.Image"
         )
-    if not data:
+    if not size:
+        stream.close()
         raise ImageError(f"{name} is empty (0 bytes): it is not an image; re-save or re-download it")
-    try:
-        return Image.open(io.BytesIO(data), formats=FORMATS), name
-    except UnidentifiedImageError:
-        kind = _looks_like(data)
-        if kind is not None:
-            raise ImageError(
-                f"{name} starts like a {kind} file but is truncated or corrupt: re-save or re-download it"
-            ) from None
-        raise ImageError(
-            f"{name} is not an image Pillow can read (formats: {_format_list()}); "
-            "convert it to PNG or JPEG and try again"
-        ) from None
-    except Image.DecompressionBombError as exc:
-        # Pillow refuses canvases over twice its own limit inside `open`, before we see the size.
-        raise ImageError(_too_large_message(name, _bomb_size(exc), max_side, max_pixels)) from None
-    except _DECODE_ERRORS as exc:
-        raise ImageError(f"{name} is corrupt or truncated ({exc}): re-save or re-download it") from None
+    return stream, name
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
@@ -226,13 +246,13 @@ def image_content_hash(image: Image.Image) -> str:
     return content_hash(f"{width}x{height}:".encode() + rgb.tobytes())
 
 
-def _read_file(path: Path) -> bytes:
+def _open_file(path: Path) -> BinaryIO:
     if not path.exists():
         raise ImageError(f"no image at {path}: the file does not exist (moved or deleted?)")
     if path.is_dir():
         raise ImageError(f"{path} is a folder, not an image file: choose an image inside it")
     try:
-        return path.read_bytes()
+        return path.open("rb")
     except OSError as exc:
         reason = exc.strerror or exc
         raise ImageError(f"cannot read {path}: {reason}; check that the file is readable") from None
