@@ -26,7 +26,7 @@ from engine.generator.results import Result
 from engine.generator.sampler import SamplerSettings
 from engine.generator.scheduler import Scheduler, Seq, Step
 from engine.generator.session import JobSession
-from engine.generator.speculative import common_prefix, merge_results, ngram_draft, verify_sampled
+from engine.generator.speculative import Drafter, make_drafter
 from engine.models.batch import Batch
 from engine.threads import shared_policy
 from engine.vision.embedding import is_mm_id
@@ -68,11 +68,19 @@ class DynamicGenerator:
     ):
         if cache.model is not model:
             raise ValueError("the cache was made for a different model; create it with Cache(model, ...)")
-        _check_speculation(cache, draft_model, draft_cache, num_draft_tokens, use_ngram_draft, max_ngram, max_q_size)
-        self.draft_model = draft_model
-        self.draft_cache = draft_cache
-        self.use_ngram_draft = use_ngram_draft
-        self._draft_known: dict[int, list[int]] = {}  # serial -> tokens whose draft-model K/V are in draft_cache
+        self.max_chunk_size = max_chunk_size or 2048
+        # Speculative decoding (None: one token per decode step); checks its arguments first.
+        self.drafter: Drafter | None = make_drafter(
+            cache,
+            model.config.vocab_size,
+            self.max_chunk_size,
+            draft_model=draft_model,
+            draft_cache=draft_cache,
+            num_draft_tokens=num_draft_tokens,
+            use_ngram_draft=use_ngram_draft,
+            max_ngram=max_ngram,
+            max_q_size=max_q_size,
+        )
         self.model = model
         self.cache = cache
         self.tokenizer = tokenizer
@@ -80,10 +88,6 @@ class DynamicGenerator:
         self.threads = shared_policy() if adapt_threads and cache.device.type == "cpu" else None
         self.paged = paged
         self.max_seq_len = max_seq_len or cache.max_seq_len
-        self.max_chunk_size = max_chunk_size or 2048
-        self.max_q_size = max_q_size
-        self.num_draft_tokens = num_draft_tokens
-        self.max_ngram = max_ngram
         self.max_sampling_threads = max_sampling_threads
         self.min_sampling_threads = min_sampling_threads
         self.filter_background_eval = filter_background_eval
@@ -173,7 +177,8 @@ class DynamicGenerator:
             del self._sessions[job.serial]
             job.generator = None
             self.scheduler.finish(session.seq)
-            self._draft_known.pop(job.serial, None)
+            if self.drafter is not None:
+                self.drafter.forget(job.serial)
             return True
 
     def clear_queue(self) -> None:
@@ -186,7 +191,7 @@ class DynamicGenerator:
     @property
     def speculative(self) -> bool:
         """True when decode steps draft tokens (n-gram or draft model) and verify them in one forward."""
-        return self.use_ngram_draft or self.draft_model is not None
+        return self.drafter is not None
 
     def num_remaining_jobs(self) -> int:
         """Jobs queued or running, and ended jobs whose last results wait for the next iterate() (kept there
@@ -202,53 +207,57 @@ class DynamicGenerator:
 
     @torch.inference_mode()
     def iterate(self) -> list[Result]:
-        """Advance every job by one step; returns one result dict per job with activity."""
+        """Advance every job by one step; returns one result dict per job with activity.
+
+        admit waiting jobs -> one forward over every job's chunk (and drafts) -> sample -> emit results.
+        """
         with self._lock:
             if self.threads is not None:
                 self.threads.update()
             results, self._buffered = self._buffered, []
-            admitted, copies = self.scheduler.admit()
-            for c in copies:
-                self.cache.copy_page(c.src, c.dst, c.num_tokens)
-            self.scheduler.copies_done()
-            now = time.perf_counter()
             failures: list[tuple[DynamicJob, BaseException]] = []
-            for seq in admitted:
-                session = self._sessions[seq.serial]
-                try:
-                    session.start(now, self.model.config.vocab_size)
-                except Exception as e:  # this job's settings cannot start: it fails alone, its batch goes on
-                    failures.append((session.job, e))
-                    self.cancel(session.job)
-                    continue
-                results.append(session.base("started"))
+            results += self._admit(failures)
             steps = self.scheduler.plan()
-            if not steps:
-                if failures:
-                    self._fail(results, failures)
-                return results
-            self._start_filter_masks(steps)
-            try:
-                drafts = self._drafts(steps) if self.speculative else {}
-                logits = self._forward(steps, drafts)
-            except Exception as e:
-                failures += [(self._sessions[s.seq.serial].job, e) for s in steps if not s.seq.shadow]
-                for s in steps:
-                    if s.seq.serial in self._sessions:  # a CFG pair's two steps share one session
-                        self.cancel(self._sessions[s.seq.serial].job)
-                self._fail(results, failures, e)
-            sampled_steps = []
-            for step in steps:
-                self.scheduler.commit(step)
-                session = self._sessions[step.seq.serial]
-                if step.needs_logits:
-                    sampled_steps.append(step)
-                elif not step.seq.shadow:
-                    results.append(session.prefill_result())
-            results.extend(self._sample_and_emit(sampled_steps, logits, failures, drafts))
+            if steps:
+                drafts, logits = self._forward_or_fail(steps, results, failures)
+                results += self._sample_and_emit(steps, logits, drafts, failures)
             if failures:
                 self._fail(results, failures)
             return results
+
+    def _admit(self, failures: list[tuple[DynamicJob, BaseException]]) -> list[Result]:
+        """Admit waiting jobs the cache can hold (copying partly matched prefix pages); their "started" results."""
+        admitted, copies = self.scheduler.admit()
+        for c in copies:
+            self.cache.copy_page(c.src, c.dst, c.num_tokens)
+        self.scheduler.copies_done()
+        now = time.perf_counter()
+        results = []
+        for seq in admitted:
+            session = self._sessions[seq.serial]
+            try:
+                session.start(now, self.model.config.vocab_size)
+            except Exception as e:  # this job's settings cannot start: it fails alone, its batch goes on
+                failures.append((session.job, e))
+                self.cancel(session.job)
+                continue
+            results.append(session.base("started"))
+        return results
+
+    def _forward_or_fail(
+        self, steps: list[Step], results: list[Result], failures: list[tuple[DynamicJob, BaseException]]
+    ) -> tuple[dict[int, list[int]], torch.Tensor]:
+        """Drafts and the forward pass; if either raises, every job in the step fails (JobFailure)."""
+        self._start_filter_masks(steps)
+        try:
+            drafts = self.drafter.propose([(self._sessions[s.seq.serial], s) for s in steps]) if self.drafter else {}
+            return drafts, self._forward(steps, drafts)
+        except Exception as e:
+            failures += [(self._sessions[s.seq.serial].job, e) for s in steps if not s.seq.shadow]
+            for s in steps:
+                if s.seq.serial in self._sessions:  # a CFG pair's two steps share one session
+                    self.cancel(self._sessions[s.seq.serial].job)
+            self._fail(results, failures, e)
 
     def _fail(
         self, results: list[Result], failures: list[tuple[DynamicJob, BaseException]], cause: Exception | None = None
@@ -302,15 +311,21 @@ class DynamicGenerator:
         self,
         steps: list[Step],
         logits: torch.Tensor,
-        failures: list[tuple[DynamicJob, BaseException]],
         drafts: dict[int, list[int]],
+        failures: list[tuple[DynamicJob, BaseException]],
     ) -> list[Result]:
+        """Record the forward's K/V, then sample where it produced logits: prefill progress, tokens, eos."""
+        results: list[Result] = []
+        for step in steps:
+            self.scheduler.commit(step)
+            if not step.needs_logits and not step.seq.shadow:
+                results.append(self._sessions[step.seq.serial].prefill_result())
+        steps = [s for s in steps if s.needs_logits]
         if not steps:
-            return []
+            return results
         if any(s.seq.shadow for s in steps):
             scales = {s.seq.serial: self._sessions[s.seq.serial].job.cfg_scale for s in steps if s.seq.shadow}
             steps, logits = cfg.mix_pairs(steps, logits, {k: len(d) + 1 for k, d in drafts.items()}, scales)
-        results: list[Result] = []
         plain, plain_rows, row = [], [], 0
         now = time.perf_counter()
         for step in steps:
@@ -322,13 +337,16 @@ class DynamicGenerator:
                 continue
             session = self._sessions[step.seq.serial]
             try:
-                result = self._verify(session, step, logits[row : row + len(draft) + 1], draft, now)
+                rows = logits[row : row + len(draft) + 1]
+                result = self.drafter.verify(session, step, rows, draft, self.scheduler, now)
             except Exception as e:
                 failures.append((session.job, e))
                 self.cancel(session.job)
                 result = None
             if result is not None:
                 results.append(result)
+                if result["eos"]:
+                    self._end(session)
             row += len(draft) + 1
         if len(plain_rows) != logits.shape[0]:
             logits = logits[plain_rows]
@@ -376,135 +394,9 @@ class DynamicGenerator:
     def _end(self, session: JobSession) -> None:
         self._sessions.pop(session.job.serial, None)
         session.job.generator = None
-        self._draft_known.pop(session.job.serial, None)
+        if self.drafter is not None:
+            self.drafter.forget(session.job.serial)
         self.scheduler.finish(session.seq)
-
-    # --- speculative decoding -----------------------------------------------------------------------------
-
-    def _num_draft(self, session: JobSession, step: Step) -> int:
-        """How many tokens to draft for this step; 0 where the job decodes one token at a time."""
-        job = session.job
-        if len(step.token_ids) != 1 or not step.needs_logits or not session.generated:
-            return 0  # prefill, or the first token (token healing and min_new_tokens start there)
-        if session.filters is not None or job.embeddings or job.negative_ids is not None:
-            return 0  # filters keep grammar state; image jobs decode plainly (the draft has no images); CFG mixes
-        settings = job.gen_settings
-        if not settings.is_greedy and (settings.mirostat or job.return_top_tokens):
-            return 0  # mirostat's mu and top-k reports need the sampler's own draw
-        # The last draft must still leave room for the bonus token within max_new_tokens.
-        return max(0, min(self.num_draft_tokens, self.max_q_size - 1, job.max_new_tokens - len(session.generated) - 1))
-
-    def _drafts(self, steps: list[Step]) -> dict[int, list[int]]:
-        wanted = []
-        for step in steps:
-            session = self._sessions[step.seq.serial]
-            k = self._num_draft(session, step)
-            if k > 0:
-                wanted.append((step.seq, k))
-        if not wanted:
-            return {}
-        if self.use_ngram_draft:
-            vocab = self.model.config.vocab_size
-            drafts = {seq.serial: ngram_draft(seq.tokens, self.max_ngram, k, vocab) for seq, k in wanted}
-        else:
-            drafts = self._draft_with_model(wanted)
-        return {serial: d for serial, d in drafts.items() if d}
-
-    def _draft_with_model(self, wanted: list[tuple[Seq, int]]) -> dict[int, list[int]]:
-        """Greedy drafts from the draft model, batched over sequences; k forwards (the first catches up).
-
-        The draft cache uses the job's page ids. Its K/V for a sequence are trusted only for the tokens this
-        sequence fed the draft (`_draft_known`) that still match the sequence, so rewinds, rejected drafts
-        and pages filled from the prefix cache by the main model alone are recomputed.
-        """
-        vocab = min(self.model.config.vocab_size, self.draft_model.config.vocab_size)
-        past, feed, todo = {}, {}, {}
-        for seq, k in wanted:
-            known = self._draft_known.get(seq.serial, [])
-            valid = min(common_prefix(known, seq.tokens), len(seq.tokens) - 1)
-            past[seq.serial], feed[seq.serial], todo[seq.serial] = valid, seq.tokens[valid:], k
-            self._draft_known[seq.serial] = seq.tokens[:valid]
-        seqs = {seq.serial: seq for seq, _ in wanted}
-        drafts: dict[int, list[int]] = {serial: [] for serial in seqs}
-        # Catch up in chunks first (a new job's whole prompt), so one draft forward stays within max_chunk_size.
-        while True:
-            long = [s for s in seqs if len(feed[s]) > self.max_chunk_size]
-            if not long:
-                break
-            chunks = {s: feed[s][: self.max_chunk_size] for s in long}
-            self._draft_forward([seqs[s] for s in long], past, chunks)
-            for s in long:
-                self._draft_known[s] += chunks[s]
-                past[s] += len(chunks[s])
-                feed[s] = feed[s][self.max_chunk_size :]
-        live = list(seqs)
-        while live:
-            logits = self._draft_forward([seqs[s] for s in live], past, feed)
-            next_ids = logits[:, :vocab].argmax(dim=-1).tolist()
-            still = []
-            for s, t in zip(live, next_ids):
-                self._draft_known[s] += feed[s]
-                past[s] += len(feed[s])
-                drafts[s].append(t)
-                feed[s] = [t]
-                if len(drafts[s]) < todo[s]:
-                    still.append(s)
-            live = still
-        return drafts
-
-    def _draft_forward(self, seqs: list[Seq], past: dict[int, int], feed: dict[int, list[int]]) -> torch.Tensor:
-        batch = Batch.build(
-            self.draft_cache,
-            [[p.page_id for p in seq.pages] for seq in seqs],
-            [past[seq.serial] for seq in seqs],
-            [len(feed[seq.serial]) for seq in seqs],
-        )
-        ids = [t for seq in seqs for t in feed[seq.serial]]
-        ids_t = torch.tensor(ids, dtype=torch.long, device=self.draft_cache.device)
-        return self.draft_model(ids_t, batch.positions(), replace(batch, token_ids=ids_t))
-
-    def _verify(
-        self, session: JobSession, step: Step, rows: torch.Tensor, draft: list[int], now: float
-    ) -> Result | None:
-        """Take the accepted drafts and one more token through the job's per-token path; one merged result.
-
-        Each token goes through JobSession.accept exactly as in plain decoding, so stop tokens and strings,
-        max_new_tokens and banned strings behave the same; row i is sampled after tokens 0..i-1 were taken.
-        """
-        seq, settings = session.seq, session.job.gen_settings
-        results: list[Result] = []
-        num_accepted = 0
-        ended = False
-        for i in range(len(draft) + 1):
-            if settings.is_greedy or i == len(draft):
-                out = JobSession.sample_many([session], rows[i : i + 1])[0]
-                hit = i < len(draft) and out[0] == draft[i]
-            else:
-                out, hit = verify_sampled(rows[i], settings, session.state, session.blocked(), draft[i])
-            if i < len(draft):  # counted before accept(), whose eos result reports the totals
-                num_accepted += hit
-                session.num_accepted_draft += hit
-                session.num_rejected_draft += 0 if hit else len(draft) - i
-            result, rewind_to = session.accept(out, rows[i], now)
-            if result is not None:
-                results.append(result)
-            if rewind_to is not None:
-                self.scheduler.rewind(seq, rewind_to)
-                ended = True
-            else:
-                self.scheduler.append(seq, session.generated[-1])
-            if result is not None and result["eos"]:
-                ended = True
-            if ended or not hit:
-                break
-        if results and results[-1]["eos"]:
-            self._end(session)
-        elif not ended and num_accepted:
-            # The verify forward wrote the accepted drafts' K/V from the right context: record them.
-            self.scheduler.commit(
-                Step(seq, step.start + 1, seq.tokens[step.start + 1 : step.start + 1 + num_accepted], False)
-            )
-        return merge_results(results) if results else None
 
     # --- convenience ---------------------------------------------------------------------------------------
 
@@ -611,25 +503,3 @@ def _check_vocab_ids(job: DynamicJob, vocab: int) -> None:
             raise ValueError(
                 f"{name} holds token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}; use ids below {vocab}"
             )
-
-
-def _check_speculation(cache, draft_model, draft_cache, num_draft_tokens, use_ngram_draft, max_ngram, max_q_size):
-    if (draft_model is None) != (draft_cache is None):
-        raise ValueError("draft_model and draft_cache go together: pass both (draft_cache = Cache(draft_model, ...))")
-    if draft_model is not None and use_ngram_draft:
-        raise ValueError("use_ngram_draft=True and a draft_model were both given; choose one way of drafting")
-    if draft_cache is not None:
-        if draft_cache.model is not draft_model:
-            raise ValueError("draft_cache was made for a different model; create it with Cache(draft_model, ...)")
-        if draft_cache.page_size != cache.page_size or draft_cache.num_pages < cache.num_pages:
-            raise ValueError(
-                f"draft_cache must use the cache's page layout: page_size {cache.page_size} (got "
-                f"{draft_cache.page_size}) and at least {cache.num_pages} pages (got {draft_cache.num_pages}); "
-                "make it with the same max_seq_len and page_size"
-            )
-    if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
-        raise ValueError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
-    if not isinstance(max_ngram, int) or max_ngram < 1:
-        raise ValueError(f"max_ngram must be a positive int, got {max_ngram!r}")
-    if not isinstance(max_q_size, int) or max_q_size < 1:
-        raise ValueError(f"max_q_size must be a positive int, got {max_q_size!r}")
