@@ -2,7 +2,7 @@
 
 from engine.cache import Cache
 from engine.generator.dynamic import DynamicGenerator
-from engine.generator.dynamic_async import DynamicGeneratorAsync, DynamicJobAsync
+from engine.generator.dynamic_async import DynamicGeneratorAsync, DynamicJobAsync, GeneratorClosedError
 from engine.generator.job import DynamicJob
 from engine.generator.sampler import SamplerSettings
 from engine.loading import model as _loading  # noqa: F401  (registers Model.load's loader)
@@ -17,6 +17,7 @@ __all__ = [
     "DynamicGeneratorAsync",
     "DynamicJob",
     "DynamicJobAsync",
+    "GeneratorClosedError",
     "MMEmbedding",
     "Model",
     "SamplerSettings",

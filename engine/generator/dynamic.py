@@ -86,7 +86,6 @@ class DynamicGenerator:
         self.tokenizer = tokenizer
         # fewer threads while other programs keep cores busy (engine/threads.py); CPU models only
         self.threads = shared_policy() if adapt_threads and cache.device.type == "cpu" else None
-        self.paged = paged
         self.max_seq_len = max_seq_len or cache.max_seq_len
         self.max_sampling_threads = max_sampling_threads
         self.min_sampling_threads = min_sampling_threads

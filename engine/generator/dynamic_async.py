@@ -252,7 +252,9 @@ class DynamicJobAsync:
             self.queue.put_nowait(item)
 
     async def put_result(self, result: Any) -> None:
-        await self.queue.put(result)
+        """Hand this job's consumer a result as if the engine had produced it (the seed documents' method;
+        results from the engine thread arrive the same way). An eos result is the job's last item."""
+        self._receive(result)
 
     async def __aiter__(self):
         finished = False

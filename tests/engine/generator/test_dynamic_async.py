@@ -162,3 +162,27 @@ def test_oversize_job_fails_in_the_caller(tiny_model):
         await gen.close()
 
     asyncio.run(main())
+
+
+def test_closed_error_is_a_public_name():
+    # Users of DynamicGeneratorAsync catch it, so it comes from `engine` like the generator itself.
+    import engine
+
+    assert engine.GeneratorClosedError is GeneratorClosedError and "GeneratorClosedError" in engine.__all__
+
+
+def test_put_result_eos_is_the_jobs_last_item(tiny_model):
+    async def main():
+        gen = make(tiny_model)
+        job = DynamicJobAsync(gen, torch.tensor([[5] * 8]), 30, gen_settings=GREEDY)
+        # No await since the job was made, so the engine thread's results have not reached the loop yet.
+        await job.put_result({"serial": job.job.serial, "eos": True, "text": "pushed"})
+        first = await collect(job)
+        await asyncio.sleep(0.2)  # the engine's own results arrive after the pushed eos and are dropped
+        again = await collect(job)
+        await job.cancel()
+        await gen.close()
+        return first, again
+
+    first, again = asyncio.run(main())
+    assert [r["text"] for r in first] == ["pushed"] and again == []
