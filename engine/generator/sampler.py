@@ -1,4 +1,5 @@
-"""Sampler: per-job settings, per-job state, and one batched ``sample`` call.
+"""Sampler: one batched ``sample`` call over per-job settings (:mod:`.sampler_settings`) and state
+(:mod:`.sampler_state`).
 
 Order of steps (each is a no-op for a row that does not use it; the math of each step is in
 its docstring in :mod:`engine.generator.sampler_steps`)::
@@ -33,353 +34,17 @@ else is vectorised across rows, whatever their settings.
 
 from __future__ import annotations
 
-import logging
-import math
-import os
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from numbers import Integral, Real
-from typing import Any
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from engine.generator import sampler_steps as steps
+from engine.generator.sampler_settings import SamplerSettings
+from engine.generator.sampler_state import SamplerState, tokenize_breakers
 
-logger = logging.getLogger(__name__)
-
+# SamplerSettings, SamplerState and tokenize_breakers live in their own modules; importers keep this one.
 __all__ = ["SampleOutput", "SamplerSettings", "SamplerState", "distribution", "sample", "tokenize_breakers"]
-
-DEFAULT_DRY_SEQUENCE_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
-
-
-@dataclass(slots=True)
-class SamplerSettings:
-    """Sampling settings for a job; defaults follow exllamav2's ``ExLlamaV2Sampler.Settings``.
-
-    Neutral values switch a step off: ``top_k = 0``, ``top_p``/``min_p``/``tfs``/``typical``
-    of 0 (or 1 for top_p/tfs/typical), ``top_a = 0``, ``skew = 0``, ``smoothing_factor = 0``,
-    ``max_temp <= min_temp``, ``token_repetition_penalty = 1``, ``dry_multiplier = 0``,
-    ``xtc_probability = 0``. ``temperature = 0`` or ``top_k = 1`` means greedy.
-    ``token_repetition_range = -1`` penalises the whole history. ``dry_range = 0`` searches
-    the whole history. ``dry_sequence_breakers`` are strings, tokenised when a job's
-    :class:`SamplerState` is made. ``token_bias`` is a ``[V]`` float tensor or ``{id: bias}``.
-    ``cfg_scale`` is the guidance scale of a job given a (positive, negative) prompt pair; the generator
-    mixes the two rows (see :mod:`engine.generator.cfg`) before :func:`sample`, and a one-prompt job ignores it.
-
-    Every assignment is checked: an unknown name raises ``TypeError`` (constructor) or
-    ``AttributeError`` (attribute), a value out of range raises ``ValueError``.
-    """
-
-    token_repetition_penalty: float = 1.025
-    token_repetition_range: int = -1
-    token_repetition_decay: int = 0
-    token_frequency_penalty: float = 0.0
-    token_presence_penalty: float = 0.0
-
-    temperature: float = 0.8
-    smoothing_factor: float = 0.0
-    min_temp: float = 0.0
-    max_temp: float = 0.0
-    temp_exponent: float = 1.0
-    temperature_last: bool = False
-
-    top_k: int = 50
-    top_p: float = 0.8
-    top_a: float = 0.0
-    min_p: float = 0.0
-    tfs: float = 0.0
-    typical: float = 0.0
-    skew: float = 0.0
-
-    mirostat: bool = False
-    mirostat_tau: float = 1.5
-    mirostat_eta: float = 0.1
-
-    dry_multiplier: float = 0.0
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_range: int = 0
-    dry_max_ngram: int = 20
-    dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_SEQUENCE_BREAKERS
-
-    xtc_probability: float = 0.0
-    xtc_threshold: float = 0.1
-
-    token_bias: torch.Tensor | Mapping[int, float] | None = None
-    disallowed_tokens: frozenset[int] = frozenset()
-    cfg_scale: float | None = None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        check = _CHECKS.get(name)
-        object.__setattr__(self, name, check(name, value) if check is not None else value)
-
-    @classmethod
-    def greedy(cls, **overrides: Any) -> SamplerSettings:
-        """Settings that always pick the highest logit (after penalties, bias and DRY)."""
-        values: dict[str, Any] = {
-            "temperature": 1.0,
-            "top_k": 1,
-            "top_p": 0.0,
-            "token_repetition_penalty": 1.0,
-        }
-        values.update(overrides)
-        return cls(**values)
-
-    def clone(self) -> SamplerSettings:
-        """A shallow copy (``token_bias`` is shared)."""
-        return replace(self)
-
-    def disallow_tokens(self, tokenizer_or_vocab_size: Any, token_ids: Iterable[int]) -> None:
-        """Never sample ``token_ids``; each must be in ``[0, vocab_size)``."""
-        vocab_size = _vocab_size(tokenizer_or_vocab_size)
-        ids = set(self.disallowed_tokens)
-        for token_id in token_ids:
-            if isinstance(token_id, bool) or not isinstance(token_id, Integral):
-                raise TypeError(f"disallow_tokens: token ids must be ints, got {token_id!r}")
-            if not 0 <= token_id < vocab_size:
-                raise ValueError(f"disallow_tokens: token id {token_id} is outside the vocabulary [0, {vocab_size})")
-            ids.add(int(token_id))
-        self.disallowed_tokens = frozenset(ids)
-
-    @property
-    def is_greedy(self) -> bool:
-        """True when the sampler takes the argmax for this job."""
-        return self.top_k == 1 or self.temperature == 0.0
-
-
-# ----------------------------------------------------------------------------- checks
-
-
-def _number(name: str, value: Any, integer: bool) -> float | int:
-    kind = Integral if integer else Real
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise TypeError(f"SamplerSettings.{name} must be {'an int' if integer else 'a number'}, got {value!r}")
-    if integer:
-        return int(value)
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"SamplerSettings.{name} must be a finite number, got {value}")
-    return value
-
-
-def _ranged(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, integer: bool = False):
-    def check(name: str, value: Any) -> float | int:
-        value = _number(name, value, integer)
-        too_low = lo is not None and (value <= lo if lo_open else value < lo)
-        too_high = hi is not None and value > hi
-        if too_low or too_high:
-            low = "-inf" if lo is None else f"{lo:g}"
-            high = "inf" if hi is None else f"{hi:g}"
-            span = f"{'(' if lo_open or lo is None else '['}{low}, {high}{']' if hi is not None else ')'}"
-            raise ValueError(f"SamplerSettings.{name} must be in {span}, got {value:g}")
-        return value
-
-    return check
-
-
-def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"SamplerSettings.{name} must be True or False, got {value!r}")
-    return value
-
-
-def _breakers(name: str, value: Any) -> tuple[str, ...]:
-    if isinstance(value, str) or not isinstance(value, Iterable):
-        raise TypeError(f"SamplerSettings.{name} must be a list of strings, e.g. ['\\n', ':'], got {value!r}")
-    value = tuple(value)
-    bad = [item for item in value if not isinstance(item, str) or not item]
-    if bad:
-        raise ValueError(f"SamplerSettings.{name} must hold non-empty strings, got {bad!r}")
-    for item in value:
-        # A lone surrogate ("\udcff") is no character: the tokenizer would fail on it when the job starts.
-        try:
-            item.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise ValueError(
-                f"SamplerSettings.{name} holds {item!r}, which is not valid text ({e.reason}); "
-                "pass strings of real characters, e.g. ['\\n', ':']"
-            ) from None
-    return value
-
-
-def _token_bias(name: str, value: Any) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, torch.Tensor):
-        if value.dim() != 1 or not value.is_floating_point():
-            raise ValueError(
-                f"SamplerSettings.{name} tensor must be 1-D float [vocab_size], got {value.dtype} {tuple(value.shape)}"
-            )
-        return value
-    if isinstance(value, Mapping):
-        for token_id, bias in value.items():
-            if isinstance(token_id, bool) or not isinstance(token_id, Integral) or token_id < 0:
-                raise ValueError(f"SamplerSettings.{name} keys must be token ids >= 0, got {token_id!r}")
-            if isinstance(bias, bool) or not isinstance(bias, Real) or math.isnan(bias):
-                raise ValueError(f"SamplerSettings.{name}[{token_id}] must be a number, got {bias!r}")
-        return dict(value)
-    raise TypeError(
-        f"SamplerSettings.{name} must be None, a [vocab_size] tensor or a dict id -> bias, got {type(value).__name__}"
-    )
-
-
-def _token_set(name: str, value: Any) -> frozenset[int]:
-    if not isinstance(value, Iterable) or isinstance(value, str):
-        raise TypeError(f"SamplerSettings.{name} must be a collection of token ids, got {value!r}")
-    value = frozenset(value)
-    bad = [t for t in value if isinstance(t, bool) or not isinstance(t, Integral) or t < 0]
-    if bad:
-        raise ValueError(f"SamplerSettings.{name} must hold token ids >= 0, got {sorted(map(repr, bad))}")
-    return value
-
-
-def _optional_number(name: str, value: Any) -> float | None:
-    return None if value is None else float(_number(name, value, integer=False))
-
-
-_CHECKS: dict[str, Callable[[str, Any], Any]] = {
-    "token_repetition_penalty": _ranged(0.0, lo_open=True),
-    "token_repetition_range": _ranged(-1, integer=True),
-    "token_repetition_decay": _ranged(0, integer=True),
-    "token_frequency_penalty": _ranged(),
-    "token_presence_penalty": _ranged(),
-    "temperature": _ranged(0.0),
-    "smoothing_factor": _ranged(0.0),
-    "min_temp": _ranged(0.0),
-    "max_temp": _ranged(0.0),
-    "temp_exponent": _ranged(0.0, lo_open=True),
-    "temperature_last": _flag,
-    "top_k": _ranged(0, integer=True),
-    "top_p": _ranged(0.0, 1.0),
-    "top_a": _ranged(0.0, 1.0),
-    "min_p": _ranged(0.0, 1.0),
-    "tfs": _ranged(0.0, 1.0),
-    "typical": _ranged(0.0, 1.0),
-    "skew": _ranged(),
-    "mirostat": _flag,
-    "mirostat_tau": _ranged(0.0),
-    "mirostat_eta": _ranged(0.0),
-    "dry_multiplier": _ranged(0.0),
-    "dry_base": _ranged(1.0),
-    "dry_allowed_length": _ranged(1, integer=True),
-    "dry_range": _ranged(0, integer=True),
-    "dry_max_ngram": _ranged(1, integer=True),
-    "dry_sequence_breakers": _breakers,
-    "xtc_probability": _ranged(0.0, 1.0),
-    "xtc_threshold": _ranged(0.0, 1.0),
-    "token_bias": _token_bias,
-    "disallowed_tokens": _token_set,
-    "cfg_scale": _optional_number,
-}
-
-
-def _vocab_size(source: Any) -> int:
-    if isinstance(source, Integral) and not isinstance(source, bool):
-        return int(source)
-    for attr in ("vocab_size", "get_vocab_size"):
-        value = getattr(source, attr, None)
-        value = value() if callable(value) else value
-        if isinstance(value, Integral):
-            return int(value)
-    config_size = getattr(getattr(source, "config", None), "vocab_size", None)
-    if isinstance(config_size, Integral):
-        return int(config_size)
-    raise TypeError(f"need a vocabulary size or a tokenizer with .vocab_size, got {type(source).__name__}")
-
-
-# ------------------------------------------------------------------------------ state
-
-
-def _token_list(encoded: Any) -> list[int]:
-    ids = getattr(encoded, "ids", encoded)  # tokenizers.Encoding carries .ids
-    return [int(t) for t in torch.as_tensor(ids).flatten().tolist()]
-
-
-def tokenize_breakers(breakers: Sequence[str], tokenizer: Any) -> list[int]:
-    """Token ids of DRY sequence-breaker strings.
-
-    Each string is encoded after a leading ``"a"`` and its last token taken, so tokenizers that
-    prepend a space marker (SentencePiece) still give the breaker's own token.
-    ``tokenizer`` is a callable ``str -> ids`` or an object with ``encode``.
-    """
-    encode = tokenizer.encode if hasattr(tokenizer, "encode") else tokenizer
-    ids = []
-    for text in breakers:
-        encoded = _token_list(encode("a" + text))
-        if encoded:
-            ids.append(encoded[-1])
-    return sorted(set(ids))
-
-
-class SamplerState:
-    """Per-job sampler state: one per job, even when jobs share a :class:`SamplerSettings`.
-
-    Holds the job's seeded ``torch.Generator`` (CPU, so draws are the same on every device),
-    mirostat's ``mu``, the DRY sequence-breaker ids, and the token history (prompt + generated)
-    used by the penalties and DRY. :func:`sample` updates ``mu``; the caller appends each
-    accepted token with :meth:`append` and rewinds with :meth:`truncate`.
-    """
-
-    def __init__(
-        self,
-        settings: SamplerSettings | None = None,
-        prompt_ids: Sequence[int] | torch.Tensor = (),
-        *,
-        seed: int | None = None,
-        tokenizer: Any = None,
-        dry_breaker_ids: Iterable[int] | None = None,
-    ) -> None:
-        if seed is None:
-            seed = int.from_bytes(os.urandom(8), "little") >> 1
-        if isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed < 2**64:
-            raise ValueError(f"seed must be None or an int in [0, 2**64), got {seed!r}")
-        self.seed = int(seed)
-        self.generator = torch.Generator(device="cpu")
-        self.generator.manual_seed(self.seed)
-        self.mirostat_mu: torch.Tensor | None = None  # 0-d float64, set on first mirostat step
-        if dry_breaker_ids is None:
-            breakers = settings.dry_sequence_breakers if settings is not None else ()
-            if breakers and tokenizer is None and settings is not None and settings.dry_multiplier > 0:
-                raise ValueError(
-                    "DRY is on (dry_multiplier > 0) but no tokenizer was given to turn "
-                    "dry_sequence_breakers into token ids; pass tokenizer= or dry_breaker_ids="
-                )
-            dry_breaker_ids = tokenize_breakers(breakers, tokenizer) if tokenizer is not None else ()
-        self.dry_breaker_ids = torch.tensor(sorted(set(int(t) for t in dry_breaker_ids)), dtype=torch.int64)
-        self._tokens = torch.zeros(64, dtype=torch.int64)  # grows by doubling
-        self._num_tokens = 0
-        self.append(prompt_ids)
-
-    @property
-    def history(self) -> torch.Tensor:
-        """The job's tokens so far, ``[num_tokens]`` int64 (a view; do not modify)."""
-        return self._tokens[: self._num_tokens]
-
-    def append(self, token_ids: int | Sequence[int] | torch.Tensor) -> None:
-        """Add accepted tokens to the history (ints, a list, or a tensor on any device)."""
-        new = torch.as_tensor(token_ids, dtype=torch.int64).flatten()
-        end = self._num_tokens + new.numel()
-        if end > self._tokens.numel():
-            grown = torch.zeros(max(end, 2 * self._tokens.numel()), dtype=torch.int64, device=self._tokens.device)
-            grown[: self._num_tokens] = self.history
-            self._tokens = grown
-        self._tokens[self._num_tokens : end] = new.to(self._tokens.device)
-        self._num_tokens = end
-
-    def truncate(self, num_tokens: int) -> None:
-        """Drop history after the first ``num_tokens`` tokens (e.g. a banned-string rewind)."""
-        if not 0 <= num_tokens <= self._num_tokens:
-            raise ValueError(f"truncate: num_tokens must be in [0, {self._num_tokens}], got {num_tokens}")
-        self._num_tokens = num_tokens
-
-    def _history_on(self, device: torch.device) -> torch.Tensor:
-        if self._tokens.device != device:
-            self._tokens = self._tokens.to(device)
-            self.dry_breaker_ids = self.dry_breaker_ids.to(device)
-        return self.history
-
-
-# ----------------------------------------------------------------------------- sample
 
 
 @dataclass(frozen=True)
@@ -458,7 +123,7 @@ def _adjust_logits(
         if s.token_repetition_penalty != 1.0 or s.token_frequency_penalty != 0.0 or s.token_presence_penalty != 0.0:
             steps.apply_penalties(
                 logits[row],
-                state._history_on(logits.device),
+                state.history_on(logits.device),
                 s.token_repetition_penalty,
                 s.token_frequency_penalty,
                 s.token_presence_penalty,
@@ -484,7 +149,7 @@ def _adjust_logits(
         logits.index_put_(index, torch.tensor(-torch.inf, device=logits.device))
     for row, (s, state) in enumerate(zip(settings, states, strict=True)):
         if s.dry_multiplier > 0.0:
-            history = state._history_on(logits.device)
+            history = state.history_on(logits.device)
             steps.apply_dry(
                 logits[row],
                 history,
