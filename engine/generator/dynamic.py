@@ -1,8 +1,9 @@
 """DynamicGenerator: continuous batching of jobs over one paged KV cache.
 
 Each iterate():  admit waiting jobs (prefix match, page copies)  ->  one forward pass holding every job's
-prefill chunk or decode token  ->  sample where logits were produced  ->  text, stop and banned checks
-->  result dicts.  The scheduler decides with ids only; this file is where tensors meet the schedule.
+prefill chunk or decode token (and its drafted tokens, see speculative.py)  ->  sample where logits were
+produced  ->  text, stop and banned checks  ->  result dicts.  The scheduler decides with ids only; this file
+is where tensors meet the schedule.
 """
 
 from __future__ import annotations
@@ -12,24 +13,23 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import torch
 
 from engine.cache.cache import Cache
 from engine.cache.page_table import PageTable
-from engine.generator import cfg
-from engine.generator.filters import Filter, MaskWorkers
-from engine.generator.images import check_embeddings_fit, splice_inputs
+from engine.generator import cfg, convenience
+from engine.generator.checks import check_job
+from engine.generator.filters import MaskWorkers
+from engine.generator.images import splice_inputs
 from engine.generator.job import DynamicJob
 from engine.generator.results import Result
-from engine.generator.sampler import SamplerSettings
 from engine.generator.scheduler import Scheduler, Seq, Step
 from engine.generator.session import JobSession
 from engine.generator.speculative import Drafter, make_drafter
 from engine.models.batch import Batch
 from engine.threads import shared_policy
-from engine.vision.embedding import is_mm_id
 
 log = logging.getLogger(__name__)
 
@@ -143,28 +143,7 @@ class DynamicGenerator:
         if job.generator is not None:
             where = "this generator" if job.generator is self else "another generator"
             raise ValueError(f"{job!r} is already enqueued on {where}; create a new DynamicJob to run it again")
-        vocab = self.model.config.vocab_size
-        bad = [t for t in job.prompt_ids if not 0 <= t < vocab and not is_mm_id(t)]
-        if bad:
-            raise ValueError(f"input_ids holds token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}")
-        _check_vocab_ids(job, vocab)
-        check_embeddings_fit(self.model, job.embeddings)
-        total = len(job.prompt_ids) + job.max_new_tokens
-        needed = self.page_table.pages_for(total)
-        if needed > self.num_pages:
-            raise ValueError(
-                f"the job needs {needed} cache pages of {self.page_size} tokens (prompt {len(job.prompt_ids)} + "
-                f"max_new_tokens {job.max_new_tokens}) but the whole cache has {self.num_pages}; make the cache "
-                "larger, shorten the prompt, or lower max_new_tokens"
-            )
-        if job.negative_ids is not None:
-            cfg.check_fits(job, vocab, self.max_batch_size, self.page_table.pages_for, self.num_pages, self.max_seq_len)
-        if total > self.max_seq_len:
-            raise ValueError(
-                f"the job needs {total} tokens (prompt {len(job.prompt_ids)} + max_new_tokens "
-                f"{job.max_new_tokens}) but max_seq_len is {self.max_seq_len}; shorten the prompt or lower "
-                "max_new_tokens"
-            )
+        check_job(job, self.model, self.page_table, self.max_batch_size, self.max_seq_len)
 
     def cancel(self, job: DynamicJob) -> bool:
         """Stop a job at any stage and free its pages. Returns False if it was not queued or running here
@@ -399,106 +378,5 @@ class DynamicGenerator:
 
     # --- convenience ---------------------------------------------------------------------------------------
 
-    def generate(
-        self,
-        prompt: str | Sequence[str],
-        max_new_tokens: int,
-        min_new_tokens: int = 0,
-        seed: int | None = None,
-        gen_settings: SamplerSettings | Sequence[SamplerSettings] | None = None,
-        token_healing: bool = False,
-        encode_special_tokens: bool = False,
-        decode_special_tokens: bool = False,
-        stop_conditions: Sequence[int | str] | None = None,
-        add_bos: bool = False,
-        abort_event: threading.Event | None = None,
-        completion_only: bool = False,
-        embeddings: Sequence[Any] | None = None,
-        banned_strings: Sequence[str] | None = None,
-        return_last_results: bool = False,
-        filters: Sequence[Filter] | None = None,
-        filter_prefer_eos: bool = False,
-    ):
-        """Complete one prompt (returns a string) or a list (returns a list), waiting only for these jobs.
-
-        Other jobs keep running; their results are kept for the next iterate() call. `filters` apply to every
-        prompt (filters keep no per-job state).
-        """
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        settings = list(gen_settings) if isinstance(gen_settings, (list, tuple)) else [gen_settings] * len(prompts)
-        if len(settings) != len(prompts):
-            raise ValueError(f"{len(settings)} gen_settings for {len(prompts)} prompts; pass one or one per prompt")
-        jobs = []
-        for i, (p, s) in enumerate(zip(prompts, settings)):
-            ids = self.tokenizer.encode(p, add_bos=add_bos, encode_special_tokens=encode_special_tokens)
-            jobs.append(
-                DynamicJob(
-                    ids,
-                    max_new_tokens,
-                    min_new_tokens=min_new_tokens,
-                    gen_settings=s,
-                    seed=None if seed is None else seed + i,
-                    stop_conditions=stop_conditions,
-                    decode_special_tokens=decode_special_tokens,
-                    token_healing=token_healing,
-                    identifier=i,
-                    banned_strings=banned_strings,
-                    embeddings=embeddings,
-                    filters=filters,
-                    filter_prefer_eos=filter_prefer_eos,
-                )
-            )
-        self.enqueue(jobs)
-        mine = {j.serial for j in jobs}
-        completions = [""] * len(jobs)
-        last: list[Result | None] = [None] * len(jobs)
-        others: list[Result] = []
-        try:
-            while any(j.serial in self._sessions for j in jobs):
-                if abort_event is not None and abort_event.is_set():
-                    break
-                for r in self.iterate():
-                    if r["serial"] not in mine:
-                        others.append(r)
-                        continue
-                    i = r["identifier"]
-                    completions[i] += r.get("text", "")
-                    if r["eos"]:
-                        last[i] = r
-        finally:
-            for j in jobs:
-                self.cancel(j)
-            self._buffered = others + self._buffered
-        if not completion_only:
-            completions = [p + c for p, c in zip(prompts, completions)]
-        out: Any = completions[0] if isinstance(prompt, str) else completions
-        if return_last_results:
-            return out, (last[0] if isinstance(prompt, str) else last)
-        return out
-
-
-def _check_vocab_ids(job: DynamicJob, vocab: int) -> None:
-    """Token ids a job names besides its prompt must be in the model's vocabulary (0..vocab - 1)."""
-    stop = sorted(t for t in job.stop_tokens if t >= vocab)
-    if stop:
-        raise ValueError(
-            f"stop_conditions holds token ids outside the vocabulary (0..{vocab - 1}): {stop[:5]}; pass ids the "
-            "tokenizer gives, e.g. tokenizer.eos_token_ids"
-        )
-    settings = job.gen_settings
-    bias = settings.token_bias
-    if isinstance(bias, torch.Tensor) and bias.numel() > vocab:
-        raise ValueError(
-            f"gen_settings.token_bias has {bias.numel()} entries but the vocabulary has {vocab} tokens; pass a "
-            f"[{vocab}] tensor or a dict token id -> bias"
-        )
-    named = {
-        "gen_settings.token_bias": bias if isinstance(bias, dict) else (),
-        "gen_settings.disallowed_tokens": settings.disallowed_tokens,
-    }
-    for name, ids in named.items():
-        bad = sorted(t for t in ids if t >= vocab)
-        if bad:
-            raise ValueError(
-                f"{name} holds token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}; use ids below {vocab}"
-            )
+    # One call that completes prompts with the methods above (the seed documents' generate()).
+    generate = convenience.generate

@@ -1,0 +1,69 @@
+"""Whether a job can ever run on a generator: its ids, its images, and its length against the cache.
+
+enqueue() (and DynamicGeneratorAsync.enqueue, in the caller's thread) raise these errors before a job is
+queued, so a job that could never fit fails at once instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.cache.page_table import PageTable
+from engine.generator import cfg
+from engine.generator.images import check_embeddings_fit
+from engine.generator.job import DynamicJob
+from engine.vision.embedding import is_mm_id
+
+
+def check_job(job: DynamicJob, model, page_table: PageTable, max_batch_size: int, max_seq_len: int) -> None:
+    """Raise ValueError, saying what to change, if `job` can never run with this model and cache."""
+    num_pages = len(page_table.pages)
+    vocab = model.config.vocab_size
+    bad = [t for t in job.prompt_ids if not 0 <= t < vocab and not is_mm_id(t)]
+    if bad:
+        raise ValueError(f"input_ids holds token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}")
+    _check_vocab_ids(job, vocab)
+    check_embeddings_fit(model, job.embeddings)
+    total = len(job.prompt_ids) + job.max_new_tokens
+    needed = page_table.pages_for(total)
+    if needed > num_pages:
+        raise ValueError(
+            f"the job needs {needed} cache pages of {page_table.page_size} tokens (prompt {len(job.prompt_ids)} + "
+            f"max_new_tokens {job.max_new_tokens}) but the whole cache has {num_pages}; make the cache "
+            "larger, shorten the prompt, or lower max_new_tokens"
+        )
+    if job.negative_ids is not None:
+        cfg.check_fits(job, vocab, max_batch_size, page_table.pages_for, num_pages, max_seq_len)
+    if total > max_seq_len:
+        raise ValueError(
+            f"the job needs {total} tokens (prompt {len(job.prompt_ids)} + max_new_tokens "
+            f"{job.max_new_tokens}) but max_seq_len is {max_seq_len}; shorten the prompt or lower "
+            "max_new_tokens"
+        )
+
+
+def _check_vocab_ids(job: DynamicJob, vocab: int) -> None:
+    """Token ids a job names besides its prompt must be in the model's vocabulary (0..vocab - 1)."""
+    stop = sorted(t for t in job.stop_tokens if t >= vocab)
+    if stop:
+        raise ValueError(
+            f"stop_conditions holds token ids outside the vocabulary (0..{vocab - 1}): {stop[:5]}; pass ids the "
+            "tokenizer gives, e.g. tokenizer.eos_token_ids"
+        )
+    settings = job.gen_settings
+    bias = settings.token_bias
+    if isinstance(bias, torch.Tensor) and bias.numel() > vocab:
+        raise ValueError(
+            f"gen_settings.token_bias has {bias.numel()} entries but the vocabulary has {vocab} tokens; pass a "
+            f"[{vocab}] tensor or a dict token id -> bias"
+        )
+    named = {
+        "gen_settings.token_bias": bias if isinstance(bias, dict) else (),
+        "gen_settings.disallowed_tokens": settings.disallowed_tokens,
+    }
+    for name, ids in named.items():
+        bad = sorted(t for t in ids if t >= vocab)
+        if bad:
+            raise ValueError(
+                f"{name} holds token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}; use ids below {vocab}"
+            )
