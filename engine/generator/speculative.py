@@ -67,6 +67,7 @@ class Drafter:
         return max(0, min(self.num_draft_tokens, self.max_q_size - 1, job.max_new_tokens - len(session.generated) - 1))
 
     def _draft(self, wanted: list[tuple[Seq, int]]) -> dict[int, list[int]]:
+        """Up to k drafted ids per sequence of `wanted` (seq, k), keyed by serial."""
         raise NotImplementedError
 
     def forget(self, serial: int) -> None:
@@ -87,6 +88,8 @@ class Drafter:
         num_accepted = 0
         ended = False
         for i in range(len(draft) + 1):
+            # greedy: accept d_i iff argmax(p_i) == d_i, else emit the argmax. sampled: accept d_i with probability
+            # p_i(d_i), else draw from p_i without d_i. Row k, reached when all k were accepted: a plain sample.
             if settings.is_greedy or i == len(draft):
                 out = JobSession.sample_many([session], rows[i : i + 1])[0]
                 hit = i < len(draft) and out[0] == draft[i]
