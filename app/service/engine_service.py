@@ -128,6 +128,21 @@ class _Loaded:
     images: EmbeddingCache = dataclasses.field(default_factory=lambda: EmbeddingCache(IMAGE_CACHE_SIZE))
 
 
+@dataclasses.dataclass(frozen=True)
+class Serving:
+    """The loaded model and the generator the chats use, for the app's local server to share (its requests'
+    jobs join this generator, so they batch with the chats and reuse their cached prefixes)."""
+
+    name: str
+    model: Model
+    tokenizer: Tokenizer
+    template: ChatTemplate
+    cache: Cache
+    generator: DynamicGeneratorAsync
+    context_length: int
+    vision: Any | None
+
+
 class _FetchFailed(Exception):
     """Wraps an error raised while fetching or downloading, so its message can say so."""
 
@@ -242,6 +257,22 @@ class EngineService(QObject):
     @property
     def is_loaded(self) -> bool:
         return self._loaded is not None
+
+    def serving(self) -> Serving | None:
+        """What the local server shares now; None with no model. A model swap makes a new one."""
+        loaded, generator = self._loaded, self._generator
+        if loaded is None or generator is None:
+            return None
+        return Serving(
+            loaded.name,
+            loaded.model,
+            loaded.tokenizer,
+            loaded.template,
+            loaded.cache,
+            generator,
+            loaded.context_length,
+            loaded.vision,
+        )
 
     @property
     def speculation(self) -> Speculation:

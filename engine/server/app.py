@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.applications import Starlette
@@ -19,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from engine.generator.dynamic_async import DynamicJobAsync
+from engine.generator.dynamic_async import DynamicJobAsync, GeneratorClosedError
 from engine.server.errors import EXCEPTION_HANDLERS, APIError
 from engine.server.guard import DEFAULT_MAX_BODY_BYTES, check_api_key, read_json
 from engine.server.messages import read_messages
@@ -38,19 +39,34 @@ class ServerOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
-def create_app(served: ServedModel, options: ServerOptions = ServerOptions()) -> Starlette:
-    """The ASGI app serving `served`; its generator starts with the app and closes with it."""
+def create_app(
+    served: ServedModel | Callable[[], ServedModel | None], options: ServerOptions = ServerOptions()
+) -> Starlette:
+    """The ASGI app serving `served`, whose generator starts with the app and closes with it; or, given a
+    function, serving what it returns at each request (the app's current model, whose owner runs its
+    generator), with 503 while it returns None."""
+    owned = served if isinstance(served, ServedModel) else None
+    current = (lambda: owned) if owned is not None else served
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
-        served.start()
+        if owned is not None:
+            owned.start()
         try:
             yield
         finally:
-            await served.close()
+            if owned is not None:
+                await owned.close()
+
+    def serving() -> ServedModel:
+        now = current()
+        if now is None:
+            raise APIError(503, "No model is loaded. Load one in Tandem's window, then retry.", code="model_not_loaded")
+        return now
 
     async def models(request: Request) -> Response:
         check_api_key(request, options.api_key)
+        served = serving()
         card = {
             "id": served.model_id,
             "object": "model",
@@ -62,6 +78,9 @@ def create_app(served: ServedModel, options: ServerOptions = ServerOptions()) ->
 
     async def health(request: Request) -> Response:
         # Open without a key, for load balancers and the app's running-state check.
+        served = current()
+        if served is None:
+            return JSONResponse({"status": "no model", "model": None, "requests_in_flight": 0})
         return JSONResponse(
             {
                 "status": "ok",
@@ -75,6 +94,7 @@ def create_app(served: ServedModel, options: ServerOptions = ServerOptions()) ->
     async def chat_completions(request: Request) -> Response:
         check_api_key(request, options.api_key)
         req = chat_request(await read_json(request, options.max_body_bytes))
+        served = serving()  # one model for the whole request, even if the app swaps models meanwhile
         served.check_model(req.generation.model)
         ids, images = await served.chat_prompt(read_messages(req.messages), req.template_options)
         job = served.start_job(ids, images, req.generation)
@@ -83,6 +103,7 @@ def create_app(served: ServedModel, options: ServerOptions = ServerOptions()) ->
     async def completions(request: Request) -> Response:
         check_api_key(request, options.api_key)
         req = completion_request(await read_json(request, options.max_body_bytes))
+        served = serving()
         served.check_model(req.generation.model)
         ids = await served.completion_prompt(req.prompt)
         job = served.start_job(ids, [], req.generation, prompt_param="prompt")
@@ -129,11 +150,12 @@ async def _reply(
                         yield sse(chunk)
                     if piece.final is not None:
                         finished = True
+                        _note_tokens(request, piece.final)
                         if gen.include_usage:
                             yield sse(fmt.usage_chunk(piece.final))
             except Exception as e:  # the job failed in the engine: say so in the stream, which has begun
                 log.exception("a streamed job failed")
-                yield sse(APIError(500, f"Generation failed: {type(e).__name__}: {e}").body())
+                yield sse(_failed(e).body())
             yield DONE
 
         return EventStream(events(), on_close=close)
@@ -145,6 +167,7 @@ async def _reply(
             entries += piece.logprobs
             if piece.final is not None:
                 finished = True
+                _note_tokens(request, piece.final)
                 return piece.final, entries
         raise RuntimeError("the job ended without a final result")
 
@@ -154,7 +177,21 @@ async def _reply(
         return Response(status_code=499)  # nobody is left to read it
     except Exception as e:
         log.exception("a job failed")
-        raise APIError(500, f"Generation failed: {type(e).__name__}: {e}") from None
+        raise _failed(e) from None
     finally:
         await close()
     return JSONResponse(fmt.body(entries, final))
+
+
+def _failed(e: Exception) -> APIError:
+    if isinstance(e, GeneratorClosedError):  # a shared generator's owner (the app) swapped or unloaded the model
+        return APIError(
+            503, "The model was unloaded or replaced while this request ran. Send it again.", code="model_not_loaded"
+        )
+    return APIError(500, f"Generation failed: {type(e).__name__}: {e}")
+
+
+def _note_tokens(request: Request, final: dict) -> None:
+    # For whoever wraps this app and logs requests (the app's request log reads scope["state"]).
+    request.state.completion_tokens = final["new_tokens"]
+    request.state.prompt_tokens = final["prompt_tokens"]

@@ -1,5 +1,9 @@
 """The served model: one model, one paged cache and one DynamicGeneratorAsync that every request's job joins.
 
+`python -m engine serve` builds its own (ServedModel(model, ...), which owns its cache and generator); the
+app builds one over the model, cache and generator its chats already use (ServedModel.shared), so the
+server's jobs and the chats' jobs batch together and share cached prefixes.
+
 The routes never touch tensors or the generator directly; they ask this object for prompt ids, image
 embeddings and jobs. Prompts and images are prepared off the event loop (a chat template may take up to its
 2 s render limit, a vision tower a forward pass), so one slow request never stalls the others' streams.
@@ -20,7 +24,7 @@ from engine.cache import Cache
 from engine.chat_prompt import encode_chat
 from engine.chat_template import ChatTemplate
 from engine.errors import ChatTemplateError
-from engine.generator.dynamic_async import DynamicGeneratorAsync, DynamicJobAsync
+from engine.generator.dynamic_async import DynamicGeneratorAsync, DynamicJobAsync, GeneratorClosedError
 from engine.models.vision import vision_of
 from engine.reasoning import reasoning_format_of
 from engine.server.errors import APIError, bad_request
@@ -59,7 +63,13 @@ class ServedModel:
         max_concurrent: int = 8,
         max_queue: int = 64,
         page_size: int = PAGE_SIZE,
+        *,
+        tokenizer: Any = None,
+        template: ChatTemplate | None = None,
+        cache: Cache | None = None,
+        vision: Any = None,
     ):
+        """`tokenizer`, `template`, `cache` and `vision` default to the model's own and a new cache."""
         if context < 2 or max_concurrent < 1 or max_queue < 0:
             raise ValueError(
                 f"context must be >= 2, max_concurrent >= 1 and max_queue >= 0; got {context}, {max_concurrent}, "
@@ -67,22 +77,57 @@ class ServedModel:
             )
         self.model = model
         self.model_id = model_id
-        self.tokenizer = model.tokenizer
-        self.template = _template(self.tokenizer, model_id)
+        self.tokenizer = tokenizer if tokenizer is not None else model.tokenizer
+        self.template = template if template is not None else _template(self.tokenizer, model_id)
         # Chat replies put a reasoning model's thinking in reasoning_content (as vLLM and DeepSeek's API do).
         self.reasoning = reasoning_format_of(self.template, self.tokenizer)
-        self.vision = vision_of(model)
+        self.vision = vision if vision is not None else vision_of(model)
         self.context = min(context, model.config.max_position_embeddings)
         self.max_concurrent = max_concurrent
         self.max_queue = max_queue
-        self.cache = Cache(
-            model, max_seq_len=cache_tokens(self.context, max_concurrent, page_size), page_size=page_size
+        self.cache = (
+            cache
+            if cache is not None
+            else Cache(model, max_seq_len=cache_tokens(self.context, max_concurrent, page_size), page_size=page_size)
         )
         self.stop_token_ids = sorted(self.tokenizer.eos_token_ids)
         self.created = int(time.time())
         self.in_flight = 0  # requests holding a job, running or waiting (event loop only)
         self.generator: DynamicGeneratorAsync | None = None
+        self._owns_generator = True  # False for a shared one: its owner starts and closes it
         self._vision_pool = ThreadPoolExecutor(1, thread_name_prefix="tandem-server-vision")
+
+    @classmethod
+    def shared(
+        cls,
+        *,
+        model: Any,
+        tokenizer: Any,
+        template: ChatTemplate,
+        cache: Cache,
+        generator: DynamicGeneratorAsync,
+        context: int,
+        vision: Any,
+        name: str,
+        max_concurrent: int = 8,
+        max_queue: int = 64,
+    ) -> ServedModel:
+        """Serve a model someone else loaded and runs (the app): requests' jobs join `generator`, which this
+        object neither starts nor closes; `max_concurrent` and `max_queue` only bound the requests let in."""
+        served = cls(
+            model,
+            name,
+            context,
+            max_concurrent,
+            max_queue,
+            tokenizer=tokenizer,
+            template=template,
+            cache=cache,
+            vision=vision,
+        )
+        served.generator = generator
+        served._owns_generator = False
+        return served
 
     @classmethod
     def load(cls, path: Path, model_id: str | None = None, dtype: torch.dtype | None = None, device: str = "cpu", **kw):
@@ -95,18 +140,22 @@ class ServedModel:
     # --- lifetime (on the event loop) ----------------------------------------------------------------------
 
     def start(self) -> None:
+        if not self._owns_generator:
+            return
         self.generator = DynamicGeneratorAsync(
             self.model, self.cache, self.tokenizer, max_batch_size=self.max_concurrent
         )
 
     async def close(self) -> None:
-        if self.generator is not None:
+        if self.generator is not None and self._owns_generator:
             await self.generator.close()
         self._vision_pool.shutdown(wait=False)
 
     def pages_in_use(self) -> int:
         """Cache pages some job holds now (pages that only keep a cached prefix are free)."""
-        table = self.generator.generator.page_table if self.generator is not None else None
+        # A shared generator the app has retired keeps no generator (nor pages) behind it.
+        inner = self.generator.generator if self.generator is not None else None
+        table = inner.page_table if inner is not None else None
         return 0 if table is None else table.num_pages - table.num_free
 
     # --- prompts -------------------------------------------------------------------------------------------
@@ -207,6 +256,13 @@ class ServedModel:
                 embeddings=images,
                 reasoning=self.reasoning if prompt_param == "messages" else None,
             )
+        except GeneratorClosedError:  # a shared generator whose owner swapped or unloaded the model just now
+            raise APIError(
+                503,
+                f"The model '{self.model_id}' was unloaded or replaced while this request arrived. Retry shortly.",
+                code="model_not_loaded",
+                headers={"Retry-After": "1"},
+            ) from None
         except ValueError as e:  # e.g. a logit_bias id outside the vocabulary, a stop string that is no text
             raise bad_request(str(e)) from None
         self.in_flight += 1
