@@ -4,7 +4,8 @@
 The chat sends {"role", "content"} messages and its settings; this module turns them into one streamed
 /chat/completions request (images as data: URLs) and reads the reply as the engine's result dicts
 (app.service.remote_stream). Nothing here imports Qt: it runs on whatever asyncio loop calls it (qasync's
-in the app), and every failure is a RemoteError with a message for the user (app.service.remote_errors).
+in the app). What goes wrong on the way or at the server is a RemoteError raised from the job, with a message
+for the user (app.service.remote_errors); a conversation that cannot be sent as it is, a ValueError at once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import io
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 from PIL import Image
@@ -32,6 +33,9 @@ from app.service.remote_errors import (
 )
 from app.service.remote_stream import RemoteJob
 from engine.vision.prompt import count_images
+
+if TYPE_CHECKING:
+    from app.service.generation import GenerationSettings
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +99,13 @@ class RemoteBackend:
     def can_see_images(self) -> bool:
         return self.sees_images
 
-    def count_tokens(self, *args: Any, **kwargs: Any) -> None:
+    def count_tokens(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        system_prompt: str = "",
+        *,
+        image_sources: Sequence[ImageSource] | None = None,
+    ) -> None:
         """Unknown: the server's tokenizer is not here (OpenAI's API has no count endpoint)."""
         return None
 
@@ -140,9 +150,9 @@ class RemoteBackend:
     async def start_answer(
         self,
         messages: Sequence[Mapping[str, Any]],
-        system_prompt: str | None,
+        system_prompt: str,
         images: Sequence[ImageSource],
-        settings: Any,
+        settings: GenerationSettings,
         identifier: object = None,
     ) -> RemoteJob:
         """Send the conversation and start streaming its answer; `async for result in job` reads it.
@@ -150,23 +160,22 @@ class RemoteBackend:
         `messages` are {"role", "content"} dicts; a user message's content may be a list of parts holding
         {"type": "image"}, and `images` are those images' files (or bytes) in the order the parts appear.
         `settings` is a GenerationSettings (sampler fields, seed, max_new_tokens, json_mode). Raises
-        RemoteError at once when images are given to a model the user has not marked as seeing images;
-        everything else (no server, no such model, a file that is no image) is raised from the job. The
-        first answer lists the server's models (see list_models) unless that was done already.
+        ValueError at once when images go to a model the user has not marked as seeing images, or an image
+        cannot be read; what the server says (no server, no such model, ...) is a RemoteError raised from the
+        job. The first answer lists the server's models (see list_models) unless that was done already.
         """
         if images and not self.sees_images:
-            raise RemoteError(
+            raise ValueError(
                 f"'{self.name}' is not marked as seeing images, so the images cannot be sent. If the model reads "
                 "images (a vision-language model), tick 'sees images' for this endpoint; otherwise remove them."
             )
         _count_image_parts(messages, len(images))
-        images = list(images)
+        wire = _wire_messages(messages, system_prompt, await asyncio.to_thread(_data_urls, list(images)))
 
         async def body() -> dict[str, Any]:
             # In the job's task, so that a server which cannot be reached fails the job, as the engine's do.
             await self._ensure_listed()
-            urls = await asyncio.to_thread(_data_urls, images)
-            out = self.request_body(_wire_messages(messages, system_prompt, urls), settings)
+            out = self.request_body(wire, settings)
             if self._optional_refused:
                 out = {k: v for k, v in out.items() if k not in OPTIONAL_FIELDS}
             return out
@@ -197,7 +206,7 @@ class RemoteBackend:
             log.info("%s lists no models (%s); asking for '%s' anyway", self.base_url, e, self.model)
             self._listed = True
 
-    def request_body(self, messages: list[dict[str, Any]], settings: Any) -> dict[str, Any]:
+    def request_body(self, messages: list[dict[str, Any]], settings: GenerationSettings) -> dict[str, Any]:
         """The streamed /chat/completions body for `messages` under `settings`.
 
         The engine's greedy forms (temperature 0, or top_k 1) become temperature 0; neutral settings are left
@@ -226,9 +235,6 @@ class RemoteBackend:
             body["frequency_penalty"] = float(settings.token_frequency_penalty)
         if settings.seed is not None:
             body["seed"] = int(settings.seed)
-        stop = list(getattr(settings, "stop_strings", ()) or ())
-        if stop:
-            body["stop"] = stop
         if settings.json_mode:
             body["response_format"] = {"type": "json_object"}
         return body
@@ -272,7 +278,8 @@ def _positive_int(value: Any) -> int:
 
 
 def _data_urls(images: list[ImageSource]) -> list[str]:
-    """Each image as a data: URL (its own format's MIME type), read on a worker thread."""
+    """Each image as a data: URL (its own format's MIME type), read on a worker thread; ValueError naming an
+    image that cannot be read."""
     urls = []
     for i, source in enumerate(images):
         if isinstance(source, (bytes, bytearray, memoryview)):
@@ -281,14 +288,14 @@ def _data_urls(images: list[ImageSource]) -> list[str]:
             try:
                 data, name = Path(source).read_bytes(), str(source)
             except OSError as e:
-                raise RemoteError(f"Cannot read {source} ({e.strerror}); attach the image again.") from None
+                raise ValueError(f"Cannot read {source} ({e.strerror}); attach the image again.") from None
         try:
             with Image.open(io.BytesIO(data)) as image:
                 mime = Image.MIME.get(image.format or "", "")
         except (OSError, ValueError):
             mime = ""
         if not mime:
-            raise RemoteError(f"{name} is not an image Pillow can read, so it cannot be sent. Attach a PNG or JPEG.")
+            raise ValueError(f"{name} is not an image Pillow can read, so it cannot be sent. Attach a PNG or JPEG.")
         urls.append(f"data:{mime};base64,{base64.b64encode(data).decode()}")
     return urls
 

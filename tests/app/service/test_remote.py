@@ -234,7 +234,7 @@ def test_images_go_as_data_urls_only_when_the_model_sees_images(shapes_png):
 
         async def main():
             blind = RemoteBackend(url, model="demo")
-            with pytest.raises(RemoteError, match="not marked as seeing images"):
+            with pytest.raises(ValueError, match="not marked as seeing images"):
                 await ask(blind, picture, images=[shapes_png])
             seeing = RemoteBackend(url, model="demo", sees_images=True)
             return await collect(await ask(seeing, picture, images=[shapes_png], max_new_tokens=30))
@@ -251,6 +251,8 @@ def test_a_text_only_server_refusing_images_says_so(ours, shapes_png):
     async def main():
         with pytest.raises(ValueError, match="2 images were given for 1 image parts"):
             await ask(backend, picture, images=[shapes_png, shapes_png])
+        with pytest.raises(ValueError, match="is not an image Pillow can read"):
+            await ask(backend, picture, images=[Path(__file__)])
         return await partial_and_error(await ask(backend, picture, images=[shapes_png]))
 
     text, error = asyncio.run(main())
