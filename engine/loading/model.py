@@ -54,6 +54,7 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     progress: Callable[[float], None] | None = None,
     quantized: str | None = "auto",
+    mmproj: str | Path | None = None,
 ) -> Model:
     """Load `path` (a Hugging Face folder or a .gguf file) as the right `Model` subclass; see `Model.load`."""
     path = Path(path).expanduser()
@@ -63,7 +64,9 @@ def load_model(
         raise ValueError(f"quantized={quantized!r} is not one of {', '.join(map(repr, QUANTIZED_CHOICES))}")
     if not path.exists():
         raise MissingFileError(f"{path} does not exist. Pass a Hugging Face model folder or a .gguf file.")
-    freq_factors = None
+    freq_factors = processor = vision_error = None
+    if mmproj is not None and not (path.is_file() and path.suffix.lower() == ".gguf"):
+        raise ModelLoadError(f"mmproj= pairs a projector with a text .gguf file; {path} is not one.")
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(
@@ -76,6 +79,9 @@ def load_model(
         keep = default_quantized(device, target) if quantized == "auto" else quantized
         config, tensors = load_gguf(path, dtype=target, device=device, progress=progress, quantized=keep)
         freq_factors = tensors.pop("rope_freq_factors", None)
+        from engine.loading.mmproj import pair_mmproj
+
+        config, tensors, processor, vision_error = pair_mmproj(path, mmproj, config, tensors, target, device)
         release_freed_memory()  # the dequantization temporaries, before packing allocates again
     else:
         from engine.loading.safetensors import load_safetensors
@@ -97,6 +103,9 @@ def load_model(
     release_freed_memory()
     model.rope.inv_freq = model.rope.inv_freq.to(device)
     model.source_path = path
+    model.vision_error = vision_error
+    if processor is not None:  # from the mmproj: a GGUF has no preprocessor_config.json to read it from
+        model.vision.processor = processor
     model.eval().requires_grad_(False)
     if device.type == "cpu":
         ops.prepare_cpu_kernels()  # compiled once per machine; later loads find them cached

@@ -37,6 +37,9 @@ class Model(nn.Module):
         super().__init__()
         self.config = config
         self.source_path: Path | None = None
+        # Why a GGUF loaded without the images its mmproj offered (unsupported projector, a mismatch), for the
+        # app to show; None when there was no mmproj or it paired.
+        self.vision_error: str | None = None
         self._tokenizer = None
 
     @classmethod
@@ -47,16 +50,21 @@ class Model(nn.Module):
         dtype: torch.dtype | None = None,
         progress: Callable[[float], None] | None = None,
         quantized: str | None = "auto",
+        mmproj: str | Path | None = None,
     ) -> Model:
         """Load a model folder or .gguf file; `progress(fraction)` is called as tensors load.
 
         `quantized` applies to GGUF files: "int4" keeps Q4_0 / Q4_1 projection weights packed 4-bit (read
         directly by the matmul), None dequantizes every tensor to `dtype`, and "auto" means "int4" for
         bfloat16 on CPU and None otherwise. Safetensors folders are always loaded as float.
+
+        `mmproj` pairs a text .gguf with llama.cpp's projector file, for a vision model; without it, the one
+        `mmproj*.gguf` beside the text file is used. A projector Tandem cannot pair leaves the text model
+        text-only, with the reason in `model.vision_error`.
         """
         if Model._loader is None:
             raise RuntimeError("no model loader registered: import engine (engine/loading/model.py registers it)")
-        return Model._loader(path, device=device, dtype=dtype, progress=progress, quantized=quantized)
+        return Model._loader(path, device=device, dtype=dtype, progress=progress, quantized=quantized, mmproj=mmproj)
 
     @property
     def tokenizer(self):

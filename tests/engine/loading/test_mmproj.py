@@ -1,0 +1,283 @@
+"""Vision from GGUF: a tiny random vision-language model per family, converted by llama.cpp's own converter
+(convert_hf_to_gguf.py, from the llama-cpp-python 0.3.36 sdist, with and without --mmproj), loaded by Tandem as
+the GGUF pair and as the folder: the same image rows (float32, within 1e-5) and the same greedy tokens for an
+image prompt. Also: the mmproj found beside the text file, and projectors Tandem cannot pair leave a text
+model with the reason.
+
+Families the converter or Tandem's text GGUF reader cannot take are skipped by name with the reason (see
+README, "Vision from GGUF"): LLaVA (its --mmproj reads only Pixtral towers, CLIP and SigLIP are rejected),
+Gemma 3 and Qwen2-VL (text GGUF architectures gemma3 / qwen2vl, which Tandem's GGUF reader does not run).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from PIL import Image, ImageDraw
+
+from engine.cache import Cache
+from engine.errors import MissingFileError
+from engine.generator.dynamic import DynamicGenerator
+from engine.generator.job import DynamicJob
+from engine.generator.sampler import SamplerSettings
+from engine.models import Model
+from engine.vision.handle import vision_of
+
+SDIST = "llama_cpp_python-0.3.36"
+
+
+@pytest.fixture(scope="session")
+def converter() -> Path:
+    """llama.cpp's convert_hf_to_gguf.py from the llama-cpp-python sdist, fetched with pip once into
+    $TANDEM_LLAMA_SRC (default ~/.cache/tandem-llama-cpp, where ../shared/tools/build-llama-cpp.sh puts it)."""
+    cache = Path(os.environ.get("TANDEM_LLAMA_SRC", Path.home() / ".cache" / "tandem-llama-cpp"))
+    script = cache / SDIST / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
+    if script.is_file():
+        return script
+    cache.mkdir(parents=True, exist_ok=True)
+    archive = cache / f"{SDIST}.tar.gz"
+    if not archive.is_file():
+        fetched = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(cache)]
+            + ["llama-cpp-python==0.3.36"],
+            capture_output=True,
+            text=True,
+        )
+        if fetched.returncode != 0 or not archive.is_file():
+            pytest.skip(
+                f"pip could not fetch the llama-cpp-python 0.3.36 sdist (llama.cpp's converter): "
+                f"{fetched.stderr.strip()[-300:]}"
+            )
+    with tarfile.open(archive) as tar:
+        # Only the converter and its own gguf-py: the C++ sources are not needed here.
+        wanted = (
+            f"{SDIST}/vendor/llama.cpp/convert_hf_to_gguf.py",
+            f"{SDIST}/vendor/llama.cpp/conversion/",
+            f"{SDIST}/vendor/llama.cpp/gguf-py/",
+            f"{SDIST}/vendor/llama.cpp/models/",
+        )
+        members = [m for m in tar.getmembers() if m.name.startswith(wanted)]
+        tar.extractall(cache, members=members, filter="data")
+    return script
+
+
+def convert(converter: Path, folder: Path, out: Path, mmproj: bool) -> None:
+    """Run the converter on `folder` (float32 output) with its own gguf-py, not the installed one."""
+    env = {**os.environ, "PYTHONPATH": str(converter.parent / "gguf-py")}
+    args = [sys.executable, str(converter), str(folder), "--outfile", str(out), "--outtype", "f32"]
+    done = subprocess.run(args + (["--mmproj"] if mmproj else []), env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise AssertionError(f"convert_hf_to_gguf.py failed on {folder.name}:\n{done.stderr[-2000:]}")
+
+
+@pytest.fixture(scope="session")
+def known_tokenizer(starter_gguf, tmp_path_factory) -> Path:
+    """The starter's SmolLM2 tokenizer as tokenizer.json: the converter names a BPE tokenizer by hashing how it
+    splits a test text, and refuses the tiny trained ones of tests/conftest.py; SmolLM2's it knows."""
+    folder = tmp_path_factory.mktemp("smollm2-tokenizer")
+    tok = transformers.AutoTokenizer.from_pretrained(starter_gguf.parent, gguf_file=starter_gguf.name)
+    tok.save_pretrained(folder)
+    return folder / "tokenizer.json"
+
+
+def _fast_tokenizer(path: Path, specials: list[str]) -> transformers.PreTrainedTokenizerFast:
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(path), bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    tok.add_special_tokens({"additional_special_tokens": specials})
+    return tok
+
+
+def _text_config(tok, tied: bool) -> transformers.LlamaConfig:
+    return transformers.LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        initializer_range=0.15,  # peaked logits, so greedy argmax is not decided by rounding noise
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=tied,
+    )
+
+
+def build_idefics3(folder: Path, tokenizer_json: Path) -> None:
+    """SmolVLM-256M's shape in small: a SigLIP tower on 24 px tiles, scale 3, a Llama text model whose
+    text_config names VLlama3ForCausalLM (as SmolVLM's does: the converter reads the text model by it)."""
+    specials = ["<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>"]
+    tok = _fast_tokenizer(tokenizer_json, specials + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)])
+    image_processor = transformers.Idefics3ImageProcessorPil(
+        size={"longest_edge": 48}, max_image_size={"longest_edge": 24}
+    )
+    transformers.Idefics3Processor(image_processor=image_processor, tokenizer=tok, image_seq_len=4).save_pretrained(
+        folder
+    )
+    vision = transformers.Idefics3VisionConfig(
+        hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=3, image_size=24, patch_size=4
+    )
+    config = transformers.Idefics3Config(
+        text_config={**_text_config(tok, tied=True).to_dict(), "architectures": ["VLlama3ForCausalLM"]},
+        vision_config=vision.to_dict(),
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+        scale_factor=3,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    hf = transformers.Idefics3ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # random init leaves the connector tiny; make the image rows matter to the logits
+        hf.model.connector.modality_projection.proj.weight.normal_(0, 0.3)
+    hf.save_pretrained(folder)
+
+
+BUILDERS = {"idefics3": build_idefics3}
+SKIPPED = {
+    "llava": "llama.cpp 0.3.36's convert_hf_to_gguf.py --mmproj reads LlavaForConditionalGeneration only with a "
+    "Pixtral tower; CLIP and SigLIP towers are rejected ('Unsupported model type')",
+    "gemma3": "the text GGUF is llama.cpp's 'gemma3' architecture, which Tandem's GGUF reader does not run yet",
+    "qwen2_vl": "the text GGUF is llama.cpp's 'qwen2vl' architecture (M-RoPE sections), which Tandem's GGUF "
+    "reader does not run yet",
+}
+
+
+@pytest.fixture(scope="module", params=sorted(BUILDERS) + sorted(SKIPPED))
+def pair(request, converter, known_tokenizer, tmp_path_factory):
+    """(folder model, GGUF-pair model, folder): the converted text GGUF and mmproj-<family>.gguf sit in the
+    folder, so the pair is also what Model.load finds by itself."""
+    name = request.param
+    if name in SKIPPED:
+        pytest.skip(f"{name}: {SKIPPED[name]}")
+    folder = tmp_path_factory.mktemp(name)
+    BUILDERS[name](folder, known_tokenizer)
+    convert(converter, folder, folder / "text.gguf", mmproj=False)
+    convert(converter, folder, folder / f"mmproj-{name}.gguf", mmproj=True)
+    from_folder = Model.load(folder, dtype=torch.float32)
+    from_gguf = Model.load(folder / "text.gguf", dtype=torch.float32, mmproj=folder / f"mmproj-{name}.gguf")
+    return from_folder, from_gguf, folder
+
+
+def picture(size: tuple[int, int], seed: int) -> Image.Image:
+    """Noise with a shape on it, so tiles differ and resizing has detail to work on."""
+    rng = np.random.default_rng(seed)
+    img = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+    ImageDraw.Draw(img).ellipse((size[0] // 5, size[1] // 6, size[0] * 3 // 4, size[1] * 4 // 5), fill="red")
+    return img
+
+
+@pytest.mark.parametrize("size", [(61, 40), (20, 14)])
+def test_image_rows_match_the_folder(pair, size):
+    from_folder, from_gguf, _ = pair
+    assert type(from_gguf) is type(from_folder) and from_gguf.vision_error is None
+    img = picture(size, seed=1)
+    ours = from_gguf.vision.get_image_embeddings(image=img)
+    ref = from_folder.vision.get_image_embeddings(image=img)
+    assert ours.num_tokens == ref.num_tokens == from_gguf.vision.count_image_tokens(img)
+    torch.testing.assert_close(ours.embeddings, ref.embeddings, rtol=0, atol=1e-5)
+
+
+def _greedy(model, img) -> list[int]:
+    emb = model.vision.get_image_embeddings(image=img)
+    text = f"<|im_start|>User:{emb.text_alias}What is in the picture?<end_of_utterance>\nAssistant:"
+    ids = model.tokenizer.encode(text, encode_special_tokens=True, embeddings=[emb])
+    job = DynamicJob(ids, 24, gen_settings=SamplerSettings.greedy(), identifier="a", embeddings=[emb])
+    gen = DynamicGenerator(model, Cache(model, max_seq_len=512, page_size=8), model.tokenizer)
+    gen.enqueue(job)
+    out = []
+    while gen.num_remaining_jobs():
+        out += [t for r in gen.iterate() if "token_ids" in r for t in r["token_ids"][0].tolist()]
+    return out
+
+
+def test_greedy_tokens_of_an_image_prompt_match_the_folder(pair):
+    from_folder, from_gguf, _ = pair
+    img = picture((61, 40), seed=2)
+    tokens = _greedy(from_gguf, img)
+    assert len(tokens) == 24 and tokens == _greedy(from_folder, img)
+
+
+def test_mmproj_beside_the_text_file_is_found(pair):
+    from_folder, _, folder = pair
+    found = Model.load(folder / "text.gguf", dtype=torch.float32)
+    assert type(found) is type(from_folder) and vision_of(found) is not None
+
+
+def _copy_with(src: Path, dst: Path, **changes) -> Path:
+    """`src` (a GGUF) written again with some metadata values changed, by the installed gguf package."""
+    import gguf
+
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(dst, arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        value = changes.get(name, field.contents())
+        kind = field.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            writer.add_array(name, value)
+        else:
+            writer.add_key_value(name, value, kind)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, np.array(t.data), raw_shape=list(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"clip.projector_type": "cogvlm"}, ["'cogvlm' projector", "Supported projector types: idefics3"]),
+        ({"clip.vision.projection_dim": 4096}, ["width 4096", "64 wide", "belongs to another model"]),
+    ],
+)
+def test_an_mmproj_tandem_cannot_pair_leaves_a_text_model_with_the_reason(pair, tmp_path, changes, words):
+    from_folder, _, folder = pair
+    mmproj = next(folder.glob("mmproj-*.gguf"))
+    bad = _copy_with(mmproj, tmp_path / "mmproj-bad.gguf", **changes)
+    model = Model.load(folder / "text.gguf", dtype=torch.float32, mmproj=bad)
+    assert vision_of(model) is None and type(model).__name__ == from_folder.config.text_architecture
+    for w in words:
+        assert w in model.vision_error
+    assert model.tokenizer.decode(model.tokenizer.encode("Hello")[0]) == "Hello"  # still a working text model
+
+
+def test_a_text_file_without_the_image_token_is_named(pair, tmp_path):
+    _, _, folder = pair
+    mmproj = next(folder.glob("mmproj-*.gguf"))
+    shutil.copy(mmproj, tmp_path / mmproj.name)
+    text = _copy_with(
+        folder / "text.gguf",
+        tmp_path / "text.gguf",
+        **{"tokenizer.ggml.tokens": [t if t != "<image>" else "<img>" for t in _tokens(folder / "text.gguf")]},
+    )
+    model = Model.load(text, dtype=torch.float32)
+    assert vision_of(model) is None and "no such token" in model.vision_error and "'<image>'" in model.vision_error
+
+
+def _tokens(path: Path) -> list[str]:
+    from engine.gguf_file import GGUFFile
+
+    return list(GGUFFile.open(path).metadata["tokenizer.ggml.tokens"])
+
+
+def test_a_named_mmproj_that_is_missing_or_not_a_projector_is_an_error(pair, tmp_path):
+    _, _, folder = pair
+    with pytest.raises(MissingFileError, match="does not exist"):
+        Model.load(folder / "text.gguf", dtype=torch.float32, mmproj=tmp_path / "absent.gguf")
+    with pytest.raises(Exception, match="not a projector file"):
+        Model.load(folder / "text.gguf", dtype=torch.float32, mmproj=folder / "text.gguf")
