@@ -20,6 +20,7 @@ from typing import Any
 from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
+    QApplication,
     QFileDialog,
     QInputDialog,
     QLabel,
@@ -32,15 +33,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.resources import asset_path
 from app.ui.chat_tab import DEFAULT_TITLE, ChatTab
 from app.ui.sampler_panel import SamplerPanel
+from app.ui.shortcuts_dialog import PLACE_PROPERTY, ShortcutsDialog
 from app.ui.sidebar import Sidebar
 from app.ui.tasks import spawn
+from app.ui.theme import follow_system
 
 log = logging.getLogger(__name__)
 
-STYLE_PATH = asset_path("style.qss")  # from a checkout or the frozen bundle (app.resources)
 _TAB_TITLE_LENGTH = 24
 # Store settings this window keeps between runs.
 OPEN_TABS_KEY = "ui.open_tabs"
@@ -61,8 +62,7 @@ class MainWindow(QMainWindow):
         self._model_manager: QWidget | None = None
         self._restoring = False
         self.setWindowTitle("Tandem")
-        if STYLE_PATH.is_file():
-            self.setStyleSheet(STYLE_PATH.read_text(encoding="utf-8"))
+        follow_system(QApplication.instance())  # assets/style.qss in the system's light or dark colours
 
         self.sidebar = Sidebar(store)
         self.sidebar.open_requested.connect(self.open_chat)
@@ -141,6 +141,13 @@ class MainWindow(QMainWindow):
         if _module_exists("app.ui.compare_view"):
             view = self.menuBar().addMenu("&View")
             action(view, "Compare settings side by side…", self.show_compare_view)
+            # Added to the compare window alone (show_compare_view): here Enter belongs to the message box.
+            self.compare_run_action = QAction("Run the comparison", self)
+            self.compare_run_action.setShortcuts([QKeySequence("Ctrl+Return"), QKeySequence("Ctrl+Enter")])
+            self.compare_run_action.setProperty(PLACE_PROPERTY, "Compare window")
+            self.compare_run_action.triggered.connect(lambda: self._compare_view and self._compare_view.start())
+        help_menu = self.menuBar().addMenu("&Help")
+        action(help_menu, "Keyboard shortcuts", self.show_shortcuts, QKeySequence.StandardKey.HelpContents)
 
     # --- tabs -----------------------------------------------------------------------------------------------
 
@@ -352,8 +359,16 @@ class MainWindow(QMainWindow):
             self._compare_view.setWindowFlag(Qt.WindowType.Window)
             self._compare_view.setWindowTitle("Compare — Tandem")
             self._compare_view.resize(1200, 700)
+            self._compare_view.addAction(self.compare_run_action)
         self._compare_view.show()
         self._compare_view.raise_()
+
+    def show_shortcuts(self) -> ShortcutsDialog:
+        """Help -> Keyboard shortcuts, listed from this window's actions as they are now."""
+        dialog = ShortcutsDialog(self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.show()
+        return dialog
 
     def _loading_started(self, name: str) -> None:
         self.model_label.setText(f"Loading {name}…")

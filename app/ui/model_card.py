@@ -8,12 +8,12 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QSpinBox, QWidget
 
+from app.ui.theme import mark
 from engine.memory_fit import CONTEXT_STEP, MemoryNeed, NotEnoughMemoryError, format_bytes
 from engine.model_info import ModelInfo
 
 FIELDS = ("Architecture", "Parameters", "Quantization", "Size on disk", "Context", "Images")
 MAX_CONTEXT = 1 << 20  # the spin box's bound for a model that does not say its context
-_WARNING_STYLE = "color: #b00020;"
 
 
 def format_count(n: int) -> str:
@@ -135,11 +135,11 @@ class ModelCard(QGroupBox):
                 f"Does not fit: needs about {format_bytes(e.need.total_bytes)} at {e.need.context_tokens:,} tokens, "
                 f"{format_bytes(e.free_bytes)} is free.{fitting}"
             )
-            self.memory_label.setStyleSheet(_WARNING_STYLE)
+            mark(self.memory_label, "warning")  # the sheet's colour for it, light or dark
             return
         free = self.service.free_memory()
         self.memory_label.setText(_need_text(need) + (f"; {format_bytes(free)} free now." if free else "."))
-        self.memory_label.setStyleSheet("")
+        mark(self.memory_label, None)
 
     def _context_changed(self, tokens: int) -> None:
         self.update_memory()

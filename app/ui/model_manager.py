@@ -48,6 +48,7 @@ from app.service.catalog import (
 from app.service.memory_plan import DEFAULT_CONTEXT_TOKENS
 from app.service.speculation import MODE_LABELS, MODES, Speculation, load_speculation, num_layers, save_speculation
 from app.ui.model_card import ModelCard, summary
+from app.ui.theme import mark
 from engine.loading.starter import STARTER_NAME, starter_path
 from engine.models.registry import supported_architectures, vision_architectures
 from engine.paths import models_dir
@@ -165,7 +166,7 @@ class ModelManager(QDialog):
         self.error_label = QLabel()
         self.error_label.setWordWrap(True)
         self.error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.error_label.setStyleSheet("color: #b00020;")
+        mark(self.error_label, "error")  # colours come from the sheet (app/ui/theme.py), light or dark
         self.error_label.hide()
         self.fit_button = QPushButton()
         self.fit_button.clicked.connect(self._load_offered_context)
@@ -179,7 +180,7 @@ class ModelManager(QDialog):
         layout.addLayout(models, 1)
         self.supported_label = QLabel(supported_text())
         self.supported_label.setWordWrap(True)
-        self.supported_label.setStyleSheet("color: palette(mid);")
+        mark(self.supported_label, "muted")
         layout.addWidget(self.supported_label)
         layout.addLayout(buttons)
         layout.addWidget(self.status_label)
@@ -220,7 +221,7 @@ class ModelManager(QDialog):
         self.speculation_label.setWordWrap(True)
         help_label = QLabel(SPECULATION_HELP)
         help_label.setWordWrap(True)
-        help_label.setStyleSheet("color: palette(mid);")
+        mark(help_label, "muted")
         self._speculation_timer = QTimer(self)
         self._speculation_timer.setSingleShot(True)
         self._speculation_timer.setInterval(SPECULATION_DELAY_MS)
@@ -585,4 +586,4 @@ class ModelManager(QDialog):
 
     def _set_download_message(self, text: str, error: bool = False) -> None:
         self.download_label.setText(text)
-        self.download_label.setStyleSheet("color: #b00020;" if error else "")
+        mark(self.download_label, "error" if error else None)

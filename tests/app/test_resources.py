@@ -14,7 +14,7 @@ from pathlib import Path
 from app import resources
 from app.service.catalog import demo_vision_available, demo_vision_path
 from app.store.presets import BUILTIN_PRESETS_PATH
-from app.ui.main_window import STYLE_PATH
+from app.ui.theme import PALETTE_PATH, STYLE_PATH
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,7 @@ def test_from_a_checkout_assets_sit_beside_the_app_package():
     assert resources.assets_dir() == REPO / "assets"
     assert (resources.assets_dir() / "style.qss").is_file()
     assert resources.asset_path("presets.json") == BUILTIN_PRESETS_PATH and BUILTIN_PRESETS_PATH.is_file()
-    assert STYLE_PATH == REPO / "assets" / "style.qss"
+    assert STYLE_PATH == REPO / "assets" / "style.qss" and PALETTE_PATH == REPO / "assets" / "palette.json"
     assert demo_vision_path() == REPO / "assets" / "demo-vision" and demo_vision_available()
     assert len(resources.icon_paths()) == len(resources.ICON_SIZES)
 
