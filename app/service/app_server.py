@@ -149,6 +149,7 @@ class AppServer(QObject):
         self._served: ServedModel | None = None  # read by the server's thread at each request
         self._uvicorn: _Uvicorn | None = None
         self._url: str | None = None
+        self._restoring: asyncio.Task | None = None
         service.model_loaded.connect(self._follow)
         service.jobs_stopped.connect(self._follow)  # after a swap's old jobs ended, or the service closed
 
@@ -246,7 +247,8 @@ class AppServer(QObject):
             except ServerError as e:
                 log.warning("%s", e)
 
-        return asyncio.ensure_future(start())
+        self._restoring = asyncio.ensure_future(start())  # a reference: the loop keeps only weak ones
+        return self._restoring
 
     def _shut(self) -> None:
         uv, self._uvicorn, self._url = self._uvicorn, None, None

@@ -33,8 +33,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.service.app_server import AppServer
 from app.ui.chat_tab import DEFAULT_TITLE, ChatTab
 from app.ui.sampler_panel import SamplerPanel
+from app.ui.server_panel import ServerPanel
 from app.ui.shortcuts_dialog import PLACE_PROPERTY, ShortcutsDialog
 from app.ui.sidebar import Sidebar
 from app.ui.tasks import spawn
@@ -60,6 +62,9 @@ class MainWindow(QMainWindow):
         self._pending_prompt: str | None = None
         self._compare_view: QWidget | None = None
         self._model_manager: QWidget | None = None
+        self.app_server = AppServer(store, service, self)  # the local OpenAI-compatible server (Server menu)
+        self.app_server.restore()  # serving again if it was when the app last closed
+        self._server_panel: ServerPanel | None = None
         self._restoring = False
         self.setWindowTitle("Tandem")
         follow_system(QApplication.instance())  # assets/style.qss in the system's light or dark colours
@@ -138,6 +143,7 @@ class MainWindow(QMainWindow):
         action(model, "Open model file or folder…", self.ask_open_model, "Ctrl+O")
         if _module_exists("app.ui.model_manager"):
             action(model, "Model manager…", self.show_model_manager)
+        action(self.menuBar().addMenu("&Server"), "Local server…", self.show_server_panel)
         if _module_exists("app.ui.compare_view"):
             view = self.menuBar().addMenu("&View")
             action(view, "Compare settings side by side…", self.show_compare_view)
@@ -370,6 +376,13 @@ class MainWindow(QMainWindow):
         dialog.show()
         return dialog
 
+    def show_server_panel(self) -> ServerPanel:
+        if self._server_panel is None:
+            self._server_panel = ServerPanel(self.app_server, self)
+        self._server_panel.show()
+        self._server_panel.raise_()
+        return self._server_panel
+
     def _loading_started(self, name: str) -> None:
         self.model_label.setText(f"Loading {name}…")
         self.load_progress.setValue(0)
@@ -456,6 +469,7 @@ class MainWindow(QMainWindow):
         for window in (self._compare_view, self._model_manager):
             if window is not None:
                 window.close()
+        self.app_server.close()  # quitting: cut its streams now; it starts again with the app
         super().closeEvent(event)
 
 
