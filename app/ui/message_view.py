@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.ui.rich_text import COPY_CODE_SCHEME, code_blocks, markdown_to_html
+from app.ui.theme import is_dark
 
 RENDER_INTERVAL_MS = 80  # while streaming, re-render Markdown at most this often (the text itself is never lost)
 _ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -207,7 +208,8 @@ class MessageWidget(QFrame):
         if self.role == "user":
             self.body.setPlainText(self._text)  # what the user typed, exactly
         else:
-            self.body.setHtml(markdown_to_html(self._text) or "<i>…</i>")
+            # Code blocks carry their own colours (pygments), so they are picked for the scheme in use.
+            self.body.setHtml(markdown_to_html(self._text, dark=is_dark()) or "<i>…</i>")
 
     def _link_clicked(self, url: QUrl) -> None:
         if url.scheme() == COPY_CODE_SCHEME:

@@ -215,3 +215,15 @@ def test_both_palettes_fill_the_real_sheet_and_the_qt_palette():
         assert "$" not in theme.stylesheet(name)
         assert theme.qt_palette(name).color(QPalette.ColorRole.Base) == QColor(palettes[name]["base"])
 
+
+def test_code_blocks_in_answers_follow_the_scheme(themed, qtbot):
+    from app.ui.message_view import MessageWidget
+
+    answer = "Here:\n\n```python\nprint('hi')\n```\n"
+    html = {}
+    for name in ("light", "dark"):
+        theme.apply_theme(themed, name)
+        widget = MessageWidget(1, "assistant", answer)
+        qtbot.addWidget(widget)
+        html[name] = widget.body.toHtml()
+    assert "#272822" in html["dark"] and "#272822" not in html["light"]  # rich_text's dark code background
