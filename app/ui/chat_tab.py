@@ -1,14 +1,14 @@
 """ChatTab: one conversation — its messages, system prompt, settings, attachments, and its own streaming job.
 
-A send stores the user message, then builds the prompt and starts one engine job (`service.start_job`) whose
-results arrive with `async for` on the GUI loop; every tab runs its own, so several stream at once. The answer is
-stored as soon as it starts (complete=False), saved every second while it streams, and once more when it ends or
-is stopped. With a vision model, every image of the conversation is embedded first (`service.embed_images`, on
-the service's worker thread; earlier turns come from its cache) and goes into the prompt in its message.
-With "JSON mode" on (saved in the chat's settings dict as "json_mode"), every answer is held to one JSON object.
+A send stores the user message, then hands the conversation, its image files and the chat's GenerationSettings
+to the tab's backend (`backend.start_answer`, the app.service.backend protocol: the local engine or a remote
+server), whose results arrive with `async for` on the GUI loop; every tab runs its own, so several stream at
+once. The answer is stored as soon as it starts (complete=False), saved every second while it streams, and once
+more when it ends or is stopped. With "JSON mode" on (saved in the chat's settings dict as "json_mode"), every
+answer is held to one JSON object. `set_backend` hands the tab another backend; the next answer uses it.
 
-The prompt (the model's chat template, then the tokenizer) is built on a worker thread, as is the context
-meter's count: a chat template is the model's own code, and a hostile one runs for up to its time limit
+The backend builds the prompt off the GUI thread, and the context meter counts on a worker thread
+(app.service.workers): a chat template is the model's own code, and a hostile one runs for up to its time limit
 (engine.chat_template.RENDER_SECONDS) before it fails, which must not freeze the window. Its error is shown
 above the input like any other reason an answer could not start.
 """
@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import shiboken6
 from PySide6.QtCore import Qt, QTimer, Signal
@@ -40,6 +37,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.service.answer_stats import eos_stats
+from app.service.backend import AnswerJob, Backend, ChatTemplateError, ContextFull, ImageError, ModelSwapped
+from app.service.generation import GenerationSettings, complete_settings, has_json_mode, with_json_mode
+from app.service.workers import PROMPT, in_worker
 from app.store import StoreError
 from app.ui.answer_saves import RETRY_INTERVAL_MS, PendingSaves
 from app.ui.attachments import (
@@ -51,17 +52,14 @@ from app.ui.attachments import (
 )
 from app.ui.chat_input import ChatInput
 from app.ui.message_view import MessageView, MessageWidget
-from app.ui.sampler_settings import complete_settings
 from app.ui.tasks import spawn
 from engine.vision.prompt import user_message
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 SAVE_INTERVAL_MS = 1000  # a streaming answer reaches the database at least this often
 DEFAULT_TITLE = "New chat"
 _TITLE_LENGTH = 48
-JSON_MODE_KEY = "json_mode"  # in the chat's settings dict; absent means off
 
 
 @dataclass
@@ -70,49 +68,12 @@ class _Stream:
 
     message_id: int
     widget: MessageWidget
-    prompt_tokens: int
-    settings: dict[str, Any]
+    prompt_tokens: int  # the meter's last count until the backend says (None: it cannot count)
     json_mode: bool = False
     text: str = ""
     num_tokens: int = 0
     saved_text: str = ""
     eos: dict[str, Any] = field(default_factory=dict)
-
-
-_workers: ThreadPoolExecutor | None = None
-
-
-async def off_gui_thread(fn: Callable[..., T], *args: Any) -> T:
-    """Run `fn(*args)` on a prompt worker thread and await its result on the GUI loop.
-
-    Two workers: a chat template that runs to its time limit in one tab does not hold up the others.
-    """
-    global _workers
-    if _workers is None:
-        _workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tandem-prompt")
-    return await asyncio.get_running_loop().run_in_executor(_workers, fn, *args)
-
-
-def eos_stats(result: dict[str, Any], json_mode: bool = False) -> dict[str, Any]:
-    """The statistics an answer keeps, from the engine's eos result (and whether JSON mode held it)."""
-    generate = float(result.get("time_generate", 0.0))
-    new_tokens = int(result.get("new_tokens", 0))
-    # time_generate runs from the first token to the last, so it covers new_tokens - 1 decode steps
-    rate = (new_tokens - 1) / generate if generate > 0 and new_tokens > 1 else None
-    extra: dict[str, Any] = {"json_mode": True} if json_mode else {}
-    for key in ("accepted_draft_tokens", "rejected_draft_tokens"):  # only when the generator speculates
-        if key in result:
-            extra[key] = int(result[key])
-    return {
-        "new_tokens": new_tokens,
-        "prompt_tokens": int(result.get("prompt_tokens", 0)),
-        "cached_tokens": int(result.get("cached_tokens", 0)),
-        "tokens_per_second": rate,
-        "time_to_first_token": float(result.get("time_enqueued", 0.0)) + float(result.get("time_prefill", 0.0)),
-        "time_generate": generate,
-        "eos_reason": result.get("eos_reason"),
-        **extra,
-    }
 
 
 class ChatTab(QWidget):
@@ -126,10 +87,10 @@ class ChatTab(QWidget):
     save_interval_ms = SAVE_INTERVAL_MS
     save_retry_ms = RETRY_INTERVAL_MS  # a save the store refused is tried again this often
 
-    def __init__(self, store: Any, service: Any, chat_id: int, parent: QWidget | None = None):
+    def __init__(self, store: Any, backend: Backend, chat_id: int, parent: QWidget | None = None):
         super().__init__(parent)
         self.store = store
-        self.service = service
+        self.backend = backend  # read afresh for every answer and count: set_backend switches it
         self.chat = store.get_chat(chat_id)
         self.chat_id = chat_id
         self._job: Any = None
@@ -138,6 +99,7 @@ class ChatTab(QWidget):
         self._stopping = False
         self._preparing = False  # images are being embedded or the prompt built before the answer's job starts
         self._meter_request = 0  # numbers context counts: only the newest one is shown
+        self._counted: int | None = 0  # the newest count shown (None: the backend cannot count)
         self._editing_id: int | None = None
         self._num_attaching = 0
         self.setAcceptDrops(True)
@@ -245,6 +207,11 @@ class ChatTab(QWidget):
 
     # --- state ----------------------------------------------------------------------------------------------
 
+    def set_backend(self, backend: Backend) -> None:
+        """Answer with `backend` from the next send on (an answer streaming now ends on its own job)."""
+        self.backend = backend
+        self.refresh_context_meter()
+
     @property
     def is_streaming(self) -> bool:
         """Whether an answer is on its way: its images being embedded, its prompt built, or its job streaming."""
@@ -265,25 +232,19 @@ class ChatTab(QWidget):
 
     def set_settings(self, settings: dict[str, Any]) -> None:
         """Use and save `settings` for this chat's next answers; the chat keeps its JSON mode."""
-        merged = {k: v for k, v in settings.items() if k != JSON_MODE_KEY}
-        if self.json_mode:
-            merged[JSON_MODE_KEY] = True
-        self.store.update_chat(self.chat_id, settings=merged)
+        self.store.update_chat(self.chat_id, settings=with_json_mode(settings, self.json_mode))
         self.chat = self.store.get_chat(self.chat_id)
 
     @property
     def json_mode(self) -> bool:
         """Whether this chat's answers are held to one JSON object."""
-        return bool((self.chat.settings or {}).get(JSON_MODE_KEY))
+        return has_json_mode(self.chat.settings)
 
     def set_json_mode(self, on: bool) -> None:
         """Turn JSON mode on or off for this chat's next answers and save it with the chat."""
         on = bool(on)
         if on != self.json_mode:
-            settings = {k: v for k, v in (self.chat.settings or {}).items() if k != JSON_MODE_KEY}
-            if on:
-                settings[JSON_MODE_KEY] = True
-            self.store.update_chat(self.chat_id, settings=settings)
+            self.store.update_chat(self.chat_id, settings=with_json_mode(self.chat.settings, on))
             self.chat = self.store.get_chat(self.chat_id)
         if self.json_mode_box.isChecked() != on:
             self.json_mode_box.setChecked(on)  # called from code: keep the box in step
@@ -362,12 +323,12 @@ class ChatTab(QWidget):
         if self._num_attaching:
             self.show_notice("Images are still being checked; send again in a moment.")
             return False
-        if not self.service.is_loaded:
+        if not self.backend.is_loaded:
             self.show_notice("No model is loaded yet. Wait for it to load, or open one from the Model menu.")
             return False
-        if attachments and not self.service.can_see_images:
+        if attachments and not self.backend.can_see_images:
             self.show_notice(
-                f"Not sent: the loaded model ({self.service.model_name}) cannot see images. Remove the images "
+                f"Not sent: the loaded model ({self.backend.name}) cannot see images. Remove the images "
                 "to send the text alone, or load a vision model such as the bundled demo vision model "
                 "(Model menu)."
             )
@@ -398,7 +359,7 @@ class ChatTab(QWidget):
         self._saves.retry()
         if self.is_streaming:
             return False
-        if not self.service.is_loaded:
+        if not self.backend.is_loaded:
             self.show_notice("No model is loaded yet. Wait for it to load, or open one from the Model menu.")
             return False
         widgets = self.view.message_widgets()
@@ -446,7 +407,7 @@ class ChatTab(QWidget):
         A model that cannot see images gets the text alone (images sent to an earlier vision model stay
         stored and shown, but are left out of its prompt).
         """
-        see = self.service.can_see_images
+        see = self.backend.can_see_images
         messages: list[dict[str, Any]] = []
         shas: list[str] = []
         for m in self.store.messages(self.chat_id):
@@ -470,39 +431,44 @@ class ChatTab(QWidget):
         self._task = spawn(self._prepare_and_begin(messages, shas), name=f"prompt-{self.chat_id}")
 
     async def _prepare_and_begin(self, messages: list[dict[str, Any]], shas: list[str]) -> None:
-        model = self.service.model
-        embeddings = None
-        input_ids = None
+        backend = self.backend
+        job = None
         error = None
+        restart = False
         try:
-            if shas:
-                try:
-                    paths = [self.store.attachment_path(sha) for sha in shas]
-                    embeddings = await self.service.embed_images(paths)
-                except Exception as e:  # ImageError names the file; anything else still must not break the tab
-                    log.info("chat %s: embedding images failed: %s", self.chat_id, e)
-                    error = (
-                        f"Could not use an image of this conversation: {str(e) or type(e).__name__}\n"
-                        "Your messages are saved. Edit the message to attach the image again or remove it."
-                    )
-            if error is None and not self._stopping and self.service.model is model:
-                try:
-                    input_ids = await off_gui_thread(
-                        self.service.encode_chat, messages, self.chat.system_prompt, embeddings
-                    )
-                except Exception as e:  # a chat template can fail in many ways; the message says which
-                    log.info("chat %s: building the prompt failed: %s", self.chat_id, e)
-                    error = f"Could not build the prompt for {self.service.model_name}: {e}"
+            settings = GenerationSettings.from_dict(self.chat.settings).seeded()
+            paths = [self.store.attachment_path(sha) for sha in shas]
+            job = await backend.start_answer(
+                messages, self.chat.system_prompt, paths, settings, identifier=self.chat_id
+            )
+        except ModelSwapped:  # another model was loaded meanwhile: its own rows, its prompt
+            restart = True
+        except ImageError as e:  # names the file
+            log.info("chat %s: an image could not be used: %s", self.chat_id, e)
+            error = (
+                f"Could not use an image of this conversation: {e}\n"
+                "Your messages are saved. Edit the message to attach the image again or remove it."
+            )
+        except ChatTemplateError as e:  # a chat template can fail in many ways; the message says which
+            log.info("chat %s: building the prompt failed: %s", self.chat_id, e)
+            error = f"Could not build the prompt for {backend.name}: {e}"
+        except ContextFull as e:
+            error = str(e)
+        except Exception as e:  # anything else still must not break the tab
+            log.info("chat %s: the answer could not start: %s", self.chat_id, e)
+            error = f"Could not start the answer: {str(e) or type(e).__name__}"
         finally:
             self._preparing = False
             self._task = None
         stopped = self._stopping
         self._stopping = False
-        if error is None and not stopped:
-            if self.service.model is not model:  # another model was loaded meanwhile: its own rows, its prompt
-                self._start_answer()
-                return
-            self._begin_job(input_ids, embeddings)
+        if job is not None and stopped:
+            spawn(job.cancel(), name=f"stopped-before-start-{self.chat_id}")
+        elif job is not None:
+            self._begin_job(job, settings)
+        elif restart and not stopped:
+            self._start_answer()
+            return
         if self._job is None:  # nothing started: the tab is idle again
             if error is not None:
                 self.show_notice(error)
@@ -510,35 +476,9 @@ class ChatTab(QWidget):
             self.streaming_changed.emit(self.chat_id, False)
             self.generation_finished.emit(self.chat_id)
 
-    def _begin_job(self, input_ids: Any, embeddings: list[Any] | None) -> None:
-        num_prompt = int(input_ids.shape[-1])
-        context = int(self.service.context_length)
-        room = context - num_prompt
-        if room < 1:
-            self.show_notice(
-                f"This conversation ({num_prompt} tokens) fills the model's context of {context} tokens. "
-                "Start a new chat (Ctrl+T) or edit an earlier message."
-            )
-            return
-        settings = self.settings()
-        seed = settings["seed"] if settings["seed"] is not None else random.randrange(2**31)
-        json_mode = self.json_mode
+    def _begin_job(self, job: AnswerJob, settings: GenerationSettings) -> None:
         try:
-            job = self.service.start_job(
-                input_ids,
-                settings,
-                max_new_tokens=min(int(settings["max_new_tokens"]), room),
-                seed=seed,
-                identifier=self.chat_id,
-                embeddings=embeddings,
-                json_mode=json_mode,
-            )
-        except (ValueError, TypeError, RuntimeError) as e:
-            self.show_notice(f"Could not start the answer: {e}")
-            return
-        used = {**settings, "seed": seed, **({JSON_MODE_KEY: True} if json_mode else {})}
-        try:
-            answer = self.store.add_message(self.chat_id, "assistant", "", settings=used, complete=False)
+            answer = self.store.add_message(self.chat_id, "assistant", "", settings=settings.to_dict(), complete=False)
         except StoreError as e:
             spawn(job.cancel(), name=f"unsaved-chat-{self.chat_id}")
             self.show_notice(f"Could not start the answer: {e}")
@@ -547,7 +487,7 @@ class ChatTab(QWidget):
         widget.set_streaming(True)
         self._job = job
         self._stopping = False
-        self._stream = _Stream(answer.id, widget, num_prompt, settings, json_mode)
+        self._stream = _Stream(answer.id, widget, self._counted, settings.json_mode)
         self._update_controls()
         self._save_timer.start(self.save_interval_ms)
         self.streaming_changed.emit(self.chat_id, True)
@@ -569,8 +509,11 @@ class ChatTab(QWidget):
                     stream.eos = eos_stats(result, stream.json_mode)
                     stream.text = result.get("full_completion", stream.text)  # the engine's own account
                 stream.widget.set_text(stream.text)
-                self._meter_request += 1  # a count still on its way is older than this
-                self._show_context(stream.prompt_tokens + stream.num_tokens)
+                if "prompt_tokens" in result:
+                    stream.prompt_tokens = int(result["prompt_tokens"])
+                if stream.prompt_tokens is not None:
+                    self._meter_request += 1  # a count still on its way is older than this
+                    self._show_context(stream.prompt_tokens + stream.num_tokens)
         except Exception as e:  # the engine failed this job: keep what arrived, say what happened
             log.exception("chat %s: the answer failed", self.chat_id)
             error = str(e) or type(e).__name__
@@ -659,7 +602,7 @@ class ChatTab(QWidget):
         """Count the tokens the conversation takes in the loaded model's context (on a worker thread: it
         renders the chat template); returns the counting task, None when no model is loaded."""
         self._meter_request += 1
-        if not self.service.is_loaded:
+        if not self.backend.is_loaded:
             self.context_meter.setRange(0, 1)
             self.context_meter.setValue(0)
             self.context_meter.setFormat("context: no model loaded")
@@ -681,18 +624,23 @@ class ChatTab(QWidget):
     async def _count(
         self, request: int, messages: list[dict[str, Any]], system_prompt: str, pictures: list[Path]
     ) -> None:
-        count = self.service.count_tokens
+        count = self.backend.count_tokens
         try:
-            used = await off_gui_thread(lambda: count(messages, system_prompt, image_sources=pictures))
+            used = await in_worker(lambda: count(messages, system_prompt, image_sources=pictures), pool=PROMPT)
         except Exception as e:  # shown, not raised: the meter must never break the tab
             log.warning("chat %s: cannot count tokens: %s", self.chat_id, e)
             return
         # Shown only if nothing newer was counted or streamed meanwhile, and the tab still exists.
         if request == self._meter_request and shiboken6.isValid(self):
-            self._show_context(used)
+            self._counted = used
+            if used is None:  # the backend cannot count (a remote server): no meter rather than a wrong one
+                self.context_meter.hide()
+            else:
+                self._show_context(used)
 
     def _show_context(self, used: int) -> None:
-        context = max(1, int(self.service.context_length))
+        self.context_meter.show()
+        context = max(1, int(self.backend.context_length))
         self.context_meter.setFormat("context: %v / %m tokens")
         self.context_meter.setRange(0, context)
         self.context_meter.setValue(min(used, context))

@@ -1,21 +1,23 @@
 """The compare view: one prompt, 2 to 4 columns, each with its own sampler settings and seed.
 
-Run creates every column's job in the same event-loop turn, so they reach the engine together: the
-generator prefills the shared prompt pages once and the later columns reuse them (they report
-`cached_tokens`). Each column then streams its own `async for result in job` on the GUI loop.
+Run asks the view's backend (app.service.backend: the local engine or a remote server) for every column's
+answer at once, so they reach the engine together: the generator prefills the shared prompt pages once and
+the later columns reuse them (they report `cached_tokens`). Each column then streams its own
+`async for result in job` on the GUI loop. `set_backend` hands the view another backend for the next run.
 
-    prompt ──encode──> input_ids ──┬─ start_job(column 0 settings, seed) ──> column 0 text + stats
-                                   ├─ start_job(column 1 settings, seed) ──> column 1 text + stats
-                                   └─ ... up to 4 columns, all decoding in the same batch
+    prompt ──┬─ start_answer(prompt, column 0 GenerationSettings) ──> column 0 text + stats
+             ├─ start_answer(prompt, column 1 GenerationSettings) ──> column 1 text + stats
+             └─ ... up to 4 columns, all decoding in the same batch
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
-import random
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -36,22 +38,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.service.answer_stats import tokens_per_second
+from app.service.backend import AnswerJob, Backend
+from app.service.generation import COMPARE_MAX_NEW_TOKENS, GenerationSettings, complete_settings, sampler_part
 from app.ui.sampler_panel import SamplerPanel
-from app.ui.sampler_settings import GENERATION_KEYS, complete_settings
 from app.ui.tasks import spawn
 
 log = logging.getLogger(__name__)
 
 MIN_COLUMNS, MAX_COLUMNS = 2, 4
-MAX_SEED = 2**31 - 1
-DEFAULT_MAX_NEW_TOKENS = 256
 _ERROR_STYLE = "color: #b00020;"
 _EOS_WORDS = {"stop_token": "done", "stop_string": "stop string", "max_new_tokens": "length limit"}
-
-
-def _sampler_part(settings: dict) -> dict:
-    """A settings dict without the job arguments (seed, max_new_tokens)."""
-    return {k: v for k, v in settings.items() if k not in GENERATION_KEYS}
 
 
 class CompareColumn(QFrame):
@@ -112,9 +109,9 @@ class CompareColumn(QFrame):
 
     def preset_name(self) -> str:
         """The preset whose sampler fields equal this column's, or "custom"."""
-        mine = _sampler_part(complete_settings(self.settings()))
+        mine = sampler_part(self.settings())
         for preset in self.store.list_presets():
-            if _sampler_part(complete_settings(preset.settings)) == mine:
+            if sampler_part(preset.settings) == mine:
                 return preset.name
         return "custom"
 
@@ -150,7 +147,8 @@ class CompareColumn(QFrame):
             cursor.insertText(text)
             self.output.setTextCursor(cursor)
         elapsed = now - self.first_token_at if self.first_token_at is not None else 0.0
-        rate = f"{self.num_tokens / elapsed:.1f} tok/s · " if elapsed > 0 else ""
+        live = tokens_per_second(self.num_tokens, elapsed)
+        rate = f"{live:.1f} tok/s · " if live is not None else ""
         self.stats_label.setText(f"{rate}{self.num_tokens} tokens · streaming")
 
     def finish(self, result: dict) -> None:
@@ -161,7 +159,7 @@ class CompareColumn(QFrame):
             "new_tokens": new_tokens,
             "prompt_tokens": int(result.get("prompt_tokens", 0)),
             "cached_tokens": int(result.get("cached_tokens", 0)),
-            "tokens_per_second": new_tokens / generate_s if generate_s > 0 else 0.0,
+            "tokens_per_second": tokens_per_second(new_tokens, generate_s),
             "time_prefill": float(result.get("time_prefill", 0.0)),
             "time_generate": generate_s,
             "eos_reason": result.get("eos_reason"),
@@ -204,6 +202,33 @@ class CompareColumn(QFrame):
         self.stats_label.setText(" · ".join(parts))
 
 
+class _Answer:
+    """One column's answer from the moment it is asked for: `started` (the backend building the prompt off
+    the GUI thread, then starting the job) resolves to its AnswerJob; `cancel()` stops it at either stage.
+
+    It starts once the column before it (`after`) has: the jobs reach the engine in column order, so the
+    first column prefills the shared prompt and the later ones find its pages (their `cached_tokens`).
+    """
+
+    def __init__(self, start: Callable[[], Coroutine[Any, Any, AnswerJob]], after: _Answer | None = None):
+        self.started: asyncio.Task[AnswerJob] = asyncio.ensure_future(self._start(start, after))
+
+    @staticmethod
+    async def _start(start: Callable[[], Coroutine[Any, Any, AnswerJob]], after: _Answer | None) -> AnswerJob:
+        if after is not None:
+            await asyncio.wait({after.started})  # its outcome is its own; this column starts either way
+        return await start()
+
+    async def cancel(self) -> None:
+        if not self.started.done():
+            self.started.cancel()
+        try:
+            job = await self.started
+        except BaseException:  # cancelled or never started: nothing runs
+            return
+        await job.cancel()
+
+
 class CompareView(QWidget):
     """Runs one prompt under 2 to 4 settings side by side; saves the comparison to history and exports it.
 
@@ -214,12 +239,12 @@ class CompareView(QWidget):
     run_finished = Signal()
     saved = Signal(int)  # chat id of the saved comparison
 
-    def __init__(self, store, service, parent: QWidget | None = None):
+    def __init__(self, store, backend: Backend, parent: QWidget | None = None):
         super().__init__(parent)
         self.store = store
-        self.service = service
+        self.backend = backend  # read afresh for every run: set_backend switches it
         self.columns: list[CompareColumn] = []
-        self._jobs: list[Any] = []
+        self._jobs: list[_Answer] = []  # the running columns' answers, from the moment they are asked for
         self._task: asyncio.Task | None = None
         self._saved_chat_id: int | None = None
         self._run_prompt: tuple[str, str] | None = None  # (prompt, system prompt) of the results shown
@@ -283,7 +308,7 @@ class CompareView(QWidget):
             column = CompareColumn(len(self.columns), self.store)
             # Fixed seeds by default: a comparison is about settings, and a re-run should repeat it.
             base = dict(presets[len(self.columns) % len(presets)].settings) if presets else {}
-            column.set_settings({**base, "seed": 0, "max_new_tokens": DEFAULT_MAX_NEW_TOKENS})
+            column.set_settings({**base, "seed": 0, "max_new_tokens": COMPARE_MAX_NEW_TOKENS})
             self.columns.append(column)
             self.splitter.addWidget(column)
         while len(self.columns) > count:
@@ -324,45 +349,55 @@ class CompareView(QWidget):
         if not prompt.strip():
             self.show_message("Write a prompt first.", error=True)
             return False
-        if not self.service.is_loaded:
+        backend = self.backend
+        if not backend.is_loaded:
             self.show_message("No model is loaded yet. Open the model manager to load one.", error=True)
-            return False
-        try:
-            input_ids = self.service.encode_chat([{"role": "user", "content": prompt}], system)
-        except Exception as e:  # a template error is for the user to fix (another model), not a crash
-            self.show_message(f"Could not build the prompt: {e}", error=True)
             return False
         plans = []
         for column in self.columns:
-            settings = column.settings()
-            if settings.get("seed") is None:
+            try:
                 # A random seed is drawn here and recorded, so a saved run can be repeated exactly.
-                settings["seed"] = random.randint(0, MAX_SEED)
-            plans.append((column, settings))
-        # Create every job before awaiting anything: they reach the engine together and share the prompt.
-        jobs = []
-        try:
-            for column, settings in plans:
-                jobs.append(
-                    self.service.start_job(
-                        input_ids,
-                        _sampler_part(settings),
-                        max_new_tokens=int(settings["max_new_tokens"]),
-                        seed=int(settings["seed"]),
-                        identifier=("compare", column.index),
-                    )
+                plans.append((column, GenerationSettings.from_dict(column.settings()).seeded()))
+            except ValueError as e:
+                self.show_message(f"Column {column.index + 1}: {e}", error=True)
+                return False
+            context = backend.context_length  # 0: unknown (a server that does not say)
+            if context and plans[-1][1].max_new_tokens >= context:
+                # A backend caps an answer to the room its prompt leaves; a comparison whose columns would be
+                # cut at different lengths compares nothing, so the view refuses it instead.
+                self.show_message(
+                    f"Column {column.index + 1}: {plans[-1][1].max_new_tokens} answer tokens do not fit the model's "
+                    f"context of {context} tokens with the prompt; lower Max answer tokens.",
+                    error=True,
                 )
-        except Exception as e:  # bad settings or a prompt that can never fit: nothing runs
-            for job in jobs:
-                await job.cancel()
-            self.show_message(f"Column {len(jobs) + 1}: {e}", error=True)
+                return False
+        messages = [{"role": "user", "content": prompt}]
+        # Ask for every answer before awaiting any (each column starts after the one before): the first
+        # prefills the shared prompt, the later ones reuse its pages.
+        answers: list[_Answer] = []
+        for column, settings in plans:
+            start = functools.partial(
+                backend.start_answer, messages, system, [], settings, identifier=("compare", column.index)
+            )
+            answers.append(_Answer(start, after=answers[-1] if answers else None))
+        self._jobs = answers
+        self._update_buttons()
+        started = await asyncio.gather(*(answer.started for answer in answers), return_exceptions=True)
+        failed = next(((i, e) for i, e in enumerate(started) if isinstance(e, BaseException)), None)
+        if failed is not None:  # stopped, a template error or a prompt that can never fit: nothing runs
+            await asyncio.gather(*(answer.cancel() for answer in answers), return_exceptions=True)
+            self._jobs = []
+            self._update_buttons()
+            index, error = failed
+            if not isinstance(error, asyncio.CancelledError):
+                self.show_message(f"Column {index + 1}: could not start: {error}", error=True)
             return False
-        self._jobs = jobs
+        jobs = list(started)
         self._saved_chat_id = None
         self._run_prompt = (prompt, system)
         self.show_message("")
         for column, settings in plans:
-            column.begin(settings)
+            column.begin(settings.to_dict())
         self._update_buttons()
         try:
             outcomes = await asyncio.gather(*(self._stream(c, job) for (c, _), job in zip(plans, jobs)))
@@ -389,7 +424,7 @@ class CompareView(QWidget):
 
     async def stop(self) -> None:
         """Cancel every running column; what they wrote so far stays."""
-        await asyncio.gather(*(job.cancel() for job in list(self._jobs)), return_exceptions=True)
+        await asyncio.gather(*(answer.cancel() for answer in list(self._jobs)), return_exceptions=True)
 
     # --- history and export --------------------------------------------------------------------------------
 
@@ -407,8 +442,8 @@ class CompareView(QWidget):
         first_line = prompt.strip().splitlines()[0]
         title = "Compare: " + (first_line[:48] + "…" if len(first_line) > 48 else first_line)
         chat = self.store.create_chat(title=title, system_prompt=system, settings={}, kind="compare")
-        if self.service.model_name:
-            self.store.update_chat(chat.id, model=self.service.model_name)
+        if self.backend.name:
+            self.store.update_chat(chat.id, model=self.backend.name)
         self.store.add_message(chat.id, "user", prompt)
         for column in self.columns:
             stats = {**column.stats, "preset": column.preset_name(), "seed": column.run_settings.get("seed")}

@@ -25,12 +25,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.service import sampler_settings
-from app.ui.sampler_settings import SAMPLER_FIELDS, complete_settings
+from app.service.generation import MAX_NEW_TOKENS_LIMIT, MAX_SEED, SAMPLER_FIELDS, complete_settings, sampler_settings
 
 log = logging.getLogger(__name__)
 
-_MAX_SEED = 2**31 - 1
 _MAX_LEN = 1 << 20
 
 
@@ -123,7 +121,7 @@ FIELDS: dict[str, Field] = {f.name: f for _, group in _GROUPS for f in group}
 
 
 class SamplerPanel(QWidget):
-    """Edits one chat's settings dict (see app.ui.sampler_settings); emits `settings_changed(dict)` on edits.
+    """Edits one chat's settings dict (see app.service.generation); emits `settings_changed(dict)` on edits.
 
     `store` gives the presets (`list_presets`, `save_preset`, `delete_preset`); without one only the
     fields show.
@@ -189,7 +187,7 @@ class SamplerPanel(QWidget):
     def _build_generation(self) -> QFormLayout:
         form = QFormLayout()
         self.max_new_tokens_spin = QSpinBox()
-        self.max_new_tokens_spin.setRange(1, _MAX_LEN)
+        self.max_new_tokens_spin.setRange(1, MAX_NEW_TOKENS_LIMIT)
         self.max_new_tokens_spin.setSingleStep(64)
         self.max_new_tokens_spin.setToolTip("Longest answer, in tokens (also capped by the model's context)")
         self.max_new_tokens_spin.valueChanged.connect(self._edited)
@@ -198,7 +196,7 @@ class SamplerPanel(QWidget):
         self.fixed_seed_check = QCheckBox("Fixed")
         self.fixed_seed_check.setToolTip("Fixed: the same settings give the same answer. Otherwise random.")
         self.seed_spin = QSpinBox()
-        self.seed_spin.setRange(0, _MAX_SEED)
+        self.seed_spin.setRange(0, MAX_SEED)
         self.fixed_seed_check.toggled.connect(self.seed_spin.setEnabled)
         self.fixed_seed_check.toggled.connect(self._edited)
         self.seed_spin.valueChanged.connect(self._edited)

@@ -21,9 +21,9 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
 from app.main import main
+from app.service.generation import complete_settings
 from app.store import Store
 from app.ui.main_window import CURRENT_TAB_KEY, OPEN_TABS_KEY, MainWindow
-from app.ui.sampler_settings import complete_settings
 
 REPO = Path(__file__).resolve().parents[2]
 

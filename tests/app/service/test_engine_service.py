@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from app.service import EngineService, sampler_settings
 from app.service.catalog import demo_vision_available
-from app.service.engine_service import plan_cache_tokens
+from app.service.memory_plan import plan_cache_tokens
 from engine import Cache, DynamicGenerator, DynamicJob, Model, SamplerSettings
 
 GREEDY = {"temperature": 1.0, "top_k": 1, "top_p": 0.0, "token_repetition_penalty": 1.0}

@@ -15,9 +15,9 @@ import shiboken6
 import torch
 
 from app.service import EngineService
+from app.service.generation import complete_settings
 from app.store import Store
 from app.ui.main_window import MainWindow
-from app.ui.sampler_settings import complete_settings
 
 TIMEOUT = 90
 ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts"

@@ -11,9 +11,9 @@ import json
 
 from PySide6.QtCore import Qt
 
+from app.service.generation import complete_settings
 from app.store import Store
 from app.ui.chat_tab import ChatTab
-from app.ui.sampler_settings import complete_settings
 
 
 def send(tab, text: str) -> bool:

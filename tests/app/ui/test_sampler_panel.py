@@ -13,8 +13,8 @@ import pytest
 from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QLineEdit, QSpinBox
 
 from app.service import sampler_settings
+from app.service.generation import complete_settings
 from app.ui.sampler_panel import FIELDS, SamplerPanel
-from app.ui.sampler_settings import complete_settings
 from engine import SamplerSettings
 
 # A value for every field, each different from SamplerSettings' default and inside the control's range.

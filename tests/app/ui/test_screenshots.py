@@ -13,7 +13,7 @@ import pytest
 from PySide6.QtGui import QImage
 
 from app.service import EngineService
-from app.ui.sampler_settings import complete_settings
+from app.service.generation import complete_settings
 
 CHATS = [
     ("Write a Python function that checks whether a number is prime.", "You are a concise coding assistant."),

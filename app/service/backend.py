@@ -1,0 +1,102 @@
+"""The seam between the chat UI and whatever answers: the `Backend` protocol.
+
+The chat tab and the compare view talk only to a Backend. The local engine (EngineService) is one; a remote
+OpenAI-compatible server (app.service.remote.RemoteBackend) is another. Neither view knows which it has.
+
+    ChatTab / CompareView --start_answer(messages, system_prompt, images, GenerationSettings)--> Backend
+                          <------------- AnswerJob: async for result in job; await job.cancel() ---
+
+How a view gets its backend: it is handed one when built (`ChatTab(store, backend)`,
+`CompareView(store, backend)`) and a new one by `set_backend(backend)` when the window switches (say, from
+the local model to a server). A view reads its `backend` attribute afresh for every answer and count, so
+a switch takes effect with the next send; an answer already streaming finishes on the job it has.
+
+Results follow the engine's result dicts (see the seed documents): stage "streaming", "text", and on the
+last one "eos" True with "eos_reason", "full_completion", "new_tokens", "prompt_tokens", "cached_tokens",
+"time_enqueued", "time_prefill", "time_generate"; a backend that cannot know a number leaves it out or 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from app.service.generation import GenerationSettings
+from app.service.images import ImageSource  # a file path (a stored attachment), or the encoded bytes
+from engine.errors import ChatTemplateError, ImageError  # what start_answer raises for a bad image or template
+
+__all__ = [
+    "AnswerJob",
+    "Backend",
+    "ChatTemplateError",
+    "ContextFull",
+    "ImageError",
+    "ImageSource",
+    "ModelSwapped",
+]
+
+
+class ContextFull(ValueError):
+    """The conversation leaves no room for an answer in the model's context; the message says what to do."""
+
+
+class ModelSwapped(RuntimeError):
+    """The backend's model changed while an answer was being prepared: the conversation must be built again
+    for the new model (which may see images the old one did not, or not), then sent again."""
+
+
+@runtime_checkable
+class AnswerJob(Protocol):
+    """One answer on its way: `async for result in job` reads its result dicts; `await job.cancel()` stops it
+    (what arrived stays; the iteration then ends without an eos result)."""
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]: ...
+
+    async def cancel(self) -> None: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the chat UI asks of a model, wherever it runs."""
+
+    @property
+    def name(self) -> str | None:
+        """The model's display name (None with no model)."""
+
+    @property
+    def is_loaded(self) -> bool:
+        """Whether a model is there to answer."""
+
+    @property
+    def context_length(self) -> int:
+        """Tokens one chat may hold; 0 when unknown (a server that does not say) or with no model."""
+
+    @property
+    def can_see_images(self) -> bool:
+        """Whether user messages may carry images."""
+
+    def count_tokens(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        system_prompt: str = "",
+        *,
+        image_sources: Sequence[ImageSource] | None = None,
+    ) -> int | None:
+        """The prompt's length in tokens, for the context meter; None when this backend cannot count (a
+        remote server's tokenizer is not here), and the meter then hides. May block: call it off the GUI
+        thread."""
+
+    async def start_answer(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        system_prompt: str,
+        images: Sequence[ImageSource],
+        settings: GenerationSettings,
+        identifier: object = None,
+    ) -> AnswerJob:
+        """Start answering `messages` ({"role", "content"} dicts; a user message's content may hold
+        {"type": "image"} parts, whose files are `images`, in order) after `system_prompt` (none when empty),
+        generated as `settings` say. Raises ContextFull (a ValueError) when the conversation fills the
+        model's context, ImageError (a ValueError) for an image that cannot be read, ChatTemplateError when
+        the model's template refuses the conversation, ModelSwapped when the model changed meanwhile,
+        RuntimeError with no model; a backend may raise later failures from the job instead."""

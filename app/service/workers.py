@@ -1,0 +1,65 @@
+"""The app's one way off the GUI thread: `await in_worker(fn, *args, pool=...)`.
+
+Blocking work (a chat template, a vision tower, a model load, a download) runs on a worker thread; its
+result or exception comes back on the calling asyncio loop (qasync's, the GUI thread), so no Qt receiver
+ever runs on a worker and no forward pass runs on the GUI thread.
+
+    pool=LOADER  a new daemon thread per call: quitting mid-load or mid-download must not wait for it
+                 (executor threads are joined at interpreter exit; a daemon is not)
+    pool=PROMPT  two threads: a chat template running to its time limit in one tab does not hold up the others
+    pool=VISION  one thread: images are embedded one after another (the tower is not re-entrant)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+LOADER = "loader"
+PROMPT = "prompt"
+VISION = "vision"
+_POOL_SIZES = {PROMPT: 2, VISION: 1}
+_pools: dict[str, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+async def in_worker(fn: Callable[..., T], *args: Any, pool: str = PROMPT) -> T:
+    """Run `fn(*args)` on a worker of `pool` (LOADER, PROMPT or VISION) and await its result on this loop."""
+    if pool == LOADER:
+        return await _on_daemon_thread(fn, *args)
+    if pool not in _POOL_SIZES:
+        raise ValueError(f"no worker pool {pool!r}; use one of {LOADER!r}, {', '.join(map(repr, _POOL_SIZES))}")
+    with _pools_lock:
+        executor = _pools.get(pool)
+        if executor is None:
+            executor = _pools[pool] = ThreadPoolExecutor(_POOL_SIZES[pool], thread_name_prefix=f"tandem-{pool}")
+    return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+
+def _on_daemon_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(setter: Callable[[Any], None], value: Any) -> None:
+        if not future.done():  # the awaiting task may have been cancelled meanwhile
+            setter(value)
+
+    def work() -> None:
+        try:
+            outcome, value = future.set_result, fn(*args)
+        except Exception as e:
+            outcome, value = future.set_exception, e
+        except BaseException as e:  # never leave the future pending
+            outcome, value = future.set_exception, RuntimeError(f"the worker stopped: {e!r}")
+        try:
+            loop.call_soon_threadsafe(settle, outcome, value)
+        except RuntimeError:
+            pass  # the loop is closed: nobody is waiting any more
+
+    threading.Thread(target=work, name="tandem-loader", daemon=True).start()
+    return future
