@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from typing import Any
 
 from app.store.attachments import AttachmentsMixin, chat_shas
 from app.store.db import dict_json
 from app.store.errors import NotFoundError
-from app.store.records import Chat
+from app.store.records import Chat, chat_from_row
+from app.store.search import ChatSearch, SearchHit, search
 
 CHAT_KINDS = ("chat", "compare")
-
-
-def chat_from_row(row: sqlite3.Row) -> Chat:
-    return Chat(
-        id=row["id"],
-        title=row["title"],
-        kind=row["kind"],
-        system_prompt=row["system_prompt"],
-        settings=json.loads(row["settings"]),
-        model=row["model"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-    )
 
 
 def _check_title(title: str) -> str:
@@ -73,17 +60,21 @@ class ChatsMixin(AttachmentsMixin):
 
     def list_chats(self, search: str | None = None) -> list[Chat]:
         """All chats, most recently updated first. ``search`` keeps chats whose title or any message text
-        contains it, ignoring case (Unicode case folding); blank means no filter."""
+        contains it, ignoring case; blank means no filter. See :meth:`search_chats` for snippets and a limit."""
         if search is None or not search.strip():
             rows = self._db.rows("SELECT * FROM chats ORDER BY updated_at DESC, id DESC")
-        else:
-            rows = self._db.rows(
-                "SELECT * FROM chats AS c WHERE instr(tandem_fold(c.title), :q) > 0"
-                " OR EXISTS (SELECT 1 FROM messages AS m WHERE m.chat_id = c.id AND instr(tandem_fold(m.text), :q) > 0)"
-                " ORDER BY c.updated_at DESC, c.id DESC",
-                {"q": search.strip().casefold()},
-            )
-        return [chat_from_row(row) for row in rows]
+            return [chat_from_row(row) for row in rows]
+        return [hit.chat for hit in self.search_chats(search)]
+
+    def search_chats(self, query: str, limit: int | None = None) -> list[SearchHit]:
+        """Chats whose title or message text contains ``query`` (ignoring case), most recently updated first,
+        each with a snippet of its newest matching message; ``limit`` keeps the chats with the newest matches.
+        Runs on this (the GUI) thread: for typing, use :meth:`chat_search`, which searches on a worker."""
+        return self._db.read(lambda conn: search(conn, query, limit, use_index=self._db.indexed))
+
+    def chat_search(self) -> ChatSearch:
+        """A searcher with its own read-only connection and worker thread; close() it when done."""
+        return ChatSearch(self._db.path)
 
     def rename_chat(self, chat_id: int, title: str) -> None:
         """Set a chat's title (surrounding whitespace dropped; empty is a ValueError)."""

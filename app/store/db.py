@@ -14,19 +14,18 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from app.store.errors import StoreError
 from app.store.migrations import MIGRATIONS, Migration, check_compatible, migrate
+from app.store.search import ensure_index, fold, has_index, index_supported, index_wanted
 
 logger = logging.getLogger(__name__)
 
-
-def _fold(text: str | None) -> str | None:
-    return text.casefold() if text is not None else None
+T = TypeVar("T")
 
 
 def _is_not_a_database(exc: sqlite3.Error) -> bool:
@@ -51,7 +50,7 @@ class Database:
         try:
             self._conn.row_factory = sqlite3.Row
             # Case-insensitive search beyond ASCII (SQLite's LIKE folds only A-Z).
-            self._conn.create_function("tandem_fold", 1, _fold, deterministic=True)
+            self._conn.create_function("tandem_fold", 1, fold, deterministic=True)
             # Read-only checks first: a file that is not ours (not SQLite, another app's, a newer
             # Tandem's) is refused before switching to WAL, which would rewrite its header.
             check_compatible(self._conn, path, len(migrations))
@@ -61,6 +60,7 @@ class Database:
             self._conn.execute("PRAGMA synchronous = NORMAL")  # see the module docstring
             self._conn.execute("PRAGMA foreign_keys = ON")
             self.version = migrate(self._conn, path, migrations)
+            self.indexed = self._check_index()
         except StoreError:
             self._conn.close()
             raise
@@ -72,6 +72,22 @@ class Database:
                     "Move it aside or choose another file; Tandem will then start a new one."
                 ) from exc
             raise StoreError(f"could not open {path}: {exc}") from exc
+
+    def _check_index(self) -> bool:
+        """Whether searches can use the index; fixes it first where this SQLite and the file disagree (see
+        ensure_index). Read-only when all is well, so a normal start takes no write lock."""
+        if self.version < 2:
+            return False  # a store made to stop at version 1 (tools, tests): the index is version 2
+        if index_wanted() and has_index(self._conn) and index_supported(self._conn):
+            return True
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            usable = ensure_index(self._conn)
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+        return usable
 
     def now(self) -> float:
         """Wall-clock seconds, strictly increasing within this store so "newest first" is exact even
@@ -91,6 +107,14 @@ class Database:
         """Run a read query and return its first row, or None."""
         found = self.rows(sql, params)
         return found[0] if found else None
+
+    def read(self, reader: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``reader`` on the connection (queries only); SQLite errors come out as StoreError."""
+        self._check_open()
+        try:
+            return reader(self._conn)
+        except sqlite3.Error as exc:
+            raise StoreError(f"could not read {self.path}: {exc}") from exc
 
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:

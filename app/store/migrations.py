@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from app.store.errors import StoreError
+from app.store.search import ensure_index
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,13 @@ def _v1_create_tables(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_create_tables,)
+def _v2_search_index(conn: sqlite3.Connection) -> None:
+    """Version 2: the search index over titles and message text (app/store/search.py), built from every
+    existing chat; skipped where this SQLite has no FTS5 trigram tokenizer (searches then scan)."""
+    ensure_index(conn)
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_create_tables, _v2_search_index)
 
 
 def schema_version(conn: sqlite3.Connection) -> int:

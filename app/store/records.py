@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,3 +57,17 @@ class ModelEntry:
     name: str
     kind: str
     added_at: float
+
+
+def chat_from_row(row: sqlite3.Row) -> Chat:
+    """A :class:`Chat` from a ``SELECT * FROM chats`` row."""
+    return Chat(
+        id=row["id"],
+        title=row["title"],
+        kind=row["kind"],
+        system_prompt=row["system_prompt"],
+        settings=json.loads(row["settings"]),
+        model=row["model"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )

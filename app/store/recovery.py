@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.store.errors import StoreError
+from app.store.search import is_index_table
 from app.store.store import DB_FILE_NAME, Store
 
 log = logging.getLogger(__name__)
@@ -163,8 +164,8 @@ def _copy_readable(source: Path, target: Path) -> dict[str, int]:
         dst.execute("BEGIN")
         tables = [r[0] for r in dst.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
         for table in tables:
-            if table.startswith("sqlite_") or table == "schema_version":
-                continue
+            if table.startswith("sqlite_") or table == "schema_version" or is_index_table(table):
+                continue  # the search index is not copied: the triggers index each copied row
             counts[table] = _copy_table(src, dst, table)
         for table, rowid, *_ in dst.execute("PRAGMA foreign_key_check").fetchall():
             dst.execute(f'DELETE FROM "{table}" WHERE rowid = ?', (rowid,))

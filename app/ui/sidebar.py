@@ -1,13 +1,21 @@
-"""Sidebar: the saved chats, newest first, with search over titles and message text."""
+"""Sidebar: the saved chats, newest first, with search over titles and message text.
+
+Searches run on the store's search worker (app/store/search.py), never on the GUI thread: the window stays
+live while a long history is searched, and each keystroke's search interrupts the one before it. Results list
+the newest SHOWN_LIMIT matching chats, each with the text around its newest match.
+"""
 
 from __future__ import annotations
 
+import sqlite3
 import time
+from concurrent.futures import Future
 from typing import Any
 
 from PySide6.QtCore import QPoint, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QHBoxLayout,
+    QLabel,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
@@ -17,6 +25,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+from app.store.search import SHOWN_LIMIT, SearchHit
 
 SEARCH_DELAY_MS = 200  # search after typing pauses, not on every key
 
@@ -43,6 +53,7 @@ class Sidebar(QWidget):
     delete_requested = Signal(int)
     export_requested = Signal(int, str)  # chat id, "markdown" or "json"
     new_chat_requested = Signal()
+    _search_done = Signal(int, object)  # search number, its Future; emitted on the worker, handled here
 
     def __init__(self, store: Any, parent: QWidget | None = None):
         super().__init__(parent)
@@ -57,6 +68,11 @@ class Sidebar(QWidget):
         self.search_edit.setPlaceholderText("Search chats")
         self.search_edit.setClearButtonEnabled(True)
         layout.addWidget(self.search_edit)
+        self.search_status = QLabel()  # "searching…", "no chat matches", the limit, or why a search failed
+        self.search_status.setObjectName("searchStatus")
+        self.search_status.setWordWrap(True)
+        self.search_status.hide()
+        layout.addWidget(self.search_status)
         self.list = QListWidget()
         self.list.setObjectName("chatList")
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
@@ -88,19 +104,64 @@ class Sidebar(QWidget):
         self._search_timer.setInterval(SEARCH_DELAY_MS)
         self._search_timer.timeout.connect(self.refresh)
         self.search_edit.textChanged.connect(self._search_timer.start)
+        self._searcher = store.chat_search()
+        self.destroyed.connect(self._searcher.close)  # the worker and its connection go with the widget
+        self._search_number = 0  # only the latest search's results are shown
+        self._pending: int | None = None
+        self._search_done.connect(self._show_search)
         self.refresh()
 
     def refresh(self) -> None:
-        """Reload the list from the store (keeping the selection)."""
+        """Reload the list from the store (keeping the selection). With search text, the search starts on
+        the worker and the list changes when it ends (``searching`` is True meanwhile)."""
+        self._search_number += 1
+        search = self.search_edit.text().strip()
+        if not search:
+            self._pending = None
+            self.search_status.hide()
+            self._fill([SearchHit(chat, None) for chat in self.store.list_chats() if chat.kind == "chat"])
+            return
+        number = self._pending = self._search_number
+        self.search_status.setText("Searching…")
+        self.search_status.show()
+        future = self._searcher.submit(search, SHOWN_LIMIT)
+        future.add_done_callback(lambda done: self._search_done.emit(number, done))
+
+    @property
+    def searching(self) -> bool:
+        """True from a search's start until its results are listed."""
+        return self._pending is not None
+
+    def _show_search(self, number: int, future: Future[list[SearchHit]]) -> None:
+        if number != self._pending:
+            return  # a later search (or clearing the box) replaced this one
+        self._pending = None
+        try:
+            hits = future.result()
+        except sqlite3.Error as exc:
+            self.search_status.setText(f"Search failed: {exc}. Try again; if it keeps failing, restart Tandem.")
+            return
+        hits = [hit for hit in hits if hit.chat.kind == "chat"]
+        if not hits:
+            self.search_status.setText("No chat matches.")
+        elif len(hits) >= SHOWN_LIMIT:
+            self.search_status.setText(f"The {len(hits)} chats with the newest matches.")
+        else:
+            self.search_status.hide()
+        self._fill(hits)
+
+    def _fill(self, hits: list[SearchHit]) -> None:
         selected = self.selected_chat_id()
-        search = self.search_edit.text().strip() or None
-        chats = [c for c in self.store.list_chats(search) if c.kind == "chat"]
         self.list.clear()
         now = time.time()
-        for chat in chats:
-            item = QListWidgetItem(f"{chat.title}\n{when(chat.updated_at, now)}")
+        for hit in hits:
+            chat = hit.chat
+            lines = [chat.title, when(chat.updated_at, now)]
+            if hit.snippet:
+                lines.insert(1, hit.snippet)
+            item = QListWidgetItem("\n".join(lines))
             item.setData(Qt.ItemDataRole.UserRole, chat.id)
-            item.setToolTip(chat.title)
+            item.setToolTip(chat.title if not hit.snippet else f"{chat.title}\n{hit.snippet}")
             self.list.addItem(item)
             if chat.id == selected:
                 self.list.setCurrentItem(item)

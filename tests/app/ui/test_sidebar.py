@@ -37,7 +37,8 @@ def test_lists_newest_first_and_searches_titles_and_text(window, app_store, run,
 
     async def search(text):
         sidebar.search_edit.setText(text)
-        await ui.wait_for(lambda: not sidebar._search_timer.isActive(), what="the search")
+        # the search runs on a worker: wait for the typing pause, then for its results
+        await ui.wait_for(lambda: not sidebar._search_timer.isActive() and not sidebar.searching, what="the search")
 
     run(search("FOX"))  # title "Foxes" and the cooking answer's text
     assert set(sidebar.chat_ids()) == {fox.id, cooking.id}

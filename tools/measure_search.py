@@ -1,0 +1,64 @@
+"""Time opening the store and searching it, on a history from tools/make_big_history.py (issue [N]).
+
+    python tools/measure_search.py /tmp/big/tandem.sqlite3
+
+Prints the open time (three opens; the first one on a version-1 file includes the one-time migration that
+builds the search index), then each query's time through the index with the sidebar's limit, as the sidebar
+runs it (ChatSearch on its worker thread, measured from submit to result), and through the scan that
+searches used before (TANDEM_SEARCH_INDEX=off's path), for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from app.store import Store  # noqa: E402
+from app.store.search import SHOWN_LIMIT, connect, search  # noqa: E402
+
+QUERIES = ("zebrafish", "quokka", "not there at all", "garlic", "the", "kernel cache", "café", "ab")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("path", type=Path)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--no-scan", action="store_true", help="skip the old scan (about 2.5 s a query)")
+    args = parser.parse_args(argv)
+    if not args.path.is_file():
+        parser.error(f"{args.path} does not exist; make it with tools/make_big_history.py")
+    for _ in range(3):
+        started = time.perf_counter()
+        store = Store(args.path)
+        print(f"open (schema {store.schema_version}): {(time.perf_counter() - started) * 1000:.1f} ms")
+        store.close()
+    with Store(args.path) as store:
+        searcher = store.chat_search()
+        for query in QUERIES:
+            times = []
+            for _ in range(args.repeat):
+                started = time.perf_counter()
+                hits = searcher.submit(query, SHOWN_LIMIT).result()
+                times.append((time.perf_counter() - started) * 1000)
+            snippet = hits[0].snippet if hits else None
+            print(
+                f"index {query!r}: median {statistics.median(times):.1f} ms, max {max(times):.1f} ms,"
+                f" {len(hits)} chats; first snippet {snippet!r}"
+            )
+        searcher.close()
+    if not args.no_scan:
+        conn = connect(args.path)
+        for query in QUERIES[:3]:
+            started = time.perf_counter()
+            hits = search(conn, query, SHOWN_LIMIT, use_index=False)
+            print(f"scan {query!r}: {(time.perf_counter() - started) * 1000:.0f} ms, {len(hits)} chats")
+        conn.close()
+
+
+if __name__ == "__main__":
+    main()
