@@ -23,16 +23,14 @@ from typing import Any
 import torch
 
 from engine.config import ModelConfig
-from engine.errors import CorruptFileError, ModelLoadError
+from engine.errors import CorruptFileError
 from engine.gguf_file import GGUFFile
 from engine.loading.gguf_tensors import check_types, dequantize
+from engine.loading.mmproj_families import FAMILIES, MmprojError
+
+__all__ = ["MmprojError", "VisionPart", "assemble", "find_mmproj", "pair_mmproj", "read_mmproj"]
 
 log = logging.getLogger(__name__)
-
-
-class MmprojError(ModelLoadError):
-    """An mmproj file Tandem cannot pair with its text model (unsupported projector, a mismatch): the text
-    model stays usable without images, and this message says why."""
 
 
 @dataclass(frozen=True)
@@ -68,8 +66,6 @@ def read_mmproj(
     mmproj whose embedding width or image token does not fit the text model; CorruptFileError for a file that
     is not an mmproj at all."""
     import gguf  # heavy import kept out of module import time
-
-    from engine.loading.mmproj_families import FAMILIES
 
     file = GGUFFile.open(path)
     meta = file.metadata

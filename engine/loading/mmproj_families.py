@@ -17,12 +17,17 @@ from typing import Any
 
 import torch
 
-from engine.errors import CorruptFileError
+from engine.errors import CorruptFileError, ModelLoadError
 
 Tensors = dict[str, torch.Tensor]
 # (mmproj metadata, mmproj tensors by GGUF name, text file metadata, source for messages)
 #   -> (config.json keys besides text_config, checkpoint tensors, image processor)
 Translate = Callable[[dict[str, Any], Tensors, dict[str, Any], str], tuple[dict[str, Any], Tensors, Any]]
+
+
+class MmprojError(ModelLoadError):
+    """An mmproj file Tandem cannot pair with its text model (unsupported projector, a mismatch): the text
+    model stays usable without images, and this message says why."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,74 @@ def _idefics3(meta: dict[str, Any], raw: Tensors, text_meta: dict[str, Any], sou
     return extra, tensors, processor
 
 
+# --- Pixtral (LLaVA with a Pixtral tower, Pixtral-12B's layout) -------------------------------------------------
+
+_PIXTRAL_BLOCK = {
+    "attn_q": "attention.q_proj",
+    "attn_k": "attention.k_proj",
+    "attn_v": "attention.v_proj",
+    "attn_out": "attention.o_proj",
+    "ln1": "attention_norm",
+    "ln2": "ffn_norm",
+    "ffn_gate": "feed_forward.gate_proj",
+    "ffn_up": "feed_forward.up_proj",
+    "ffn_down": "feed_forward.down_proj",
+}
+
+
+def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo the converter's LlamaModel.permute of a q/k projection (rows of each head regrouped from
+    rotate-half pairs into interleaved pairs, for ggml's rope): [out, ...] back in Hugging Face row order."""
+    half = w.shape[0] // num_heads // 2
+    return w.reshape(num_heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _pixtral(meta: dict[str, Any], raw: Tensors, text_meta: dict[str, Any], source: str):
+    from engine.models.mistral3.processor import PixtralImageProcessor
+
+    vision = _vision_config(meta, "pixtral")
+    vision["hidden_act"] = "silu" if meta.get("clip.use_silu") else "gelu"
+    if "clip.vision.rope.freq_base" in meta:
+        vision["rope_theta"] = meta["clip.vision.rope.freq_base"]
+    if meta.get("clip.vision.spatial_merge_size", 1) != 1:
+        raise MmprojError(
+            f"{source.removesuffix(' metadata')} is a Mistral 3 projector (Pixtral with a patch merger), which "
+            "Tandem does not read from GGUF yet (nor its text model, llama.cpp's 'mistral3' architecture). "
+            "Load the Hugging Face folder instead."
+        )
+    # llama.cpp feeds the projector the last layer and keeps every patch: Pixtral-12B's own settings.
+    extra = {
+        "vision_config": vision,
+        "vision_feature_layer": -1,
+        "vision_feature_select_strategy": "full",
+        "projector_hidden_act": "gelu",
+    }
+    raw = dict(raw)
+    raw.pop("v.token_embd.img_break", None)  # a copy of the text model's [IMG_BREAK] row, which Tandem reads there
+    for name in [n for n in raw if n.endswith(("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias"))]:
+        raw[name] = unpermute_qk(raw[name], vision["num_attention_heads"])
+    names = {
+        "v.patch_embd.weight": "vision_tower.patch_conv.weight",
+        "v.pre_ln.weight": "vision_tower.ln_pre.weight",
+        "mm.1.weight": "multi_modal_projector.linear_1.weight",
+        "mm.1.bias": "multi_modal_projector.linear_1.bias",
+        "mm.2.weight": "multi_modal_projector.linear_2.weight",
+        "mm.2.bias": "multi_modal_projector.linear_2.bias",
+    }
+    tensors = rename(raw, names, _PIXTRAL_BLOCK, "vision_tower.transformer.layers.", source)
+    processor = PixtralImageProcessor.from_dict(
+        {
+            "size": {"longest_edge": vision["image_size"]},
+            "image_mean": meta["clip.vision.image_mean"],
+            "image_std": meta["clip.vision.image_std"],
+        },
+        source=source,
+        patch_size=vision["patch_size"],
+    )
+    return extra, tensors, processor
+
+
 FAMILIES: dict[str, Family] = {
     "idefics3": Family("Idefics3ForConditionalGeneration", "<image>", _idefics3),
+    "pixtral": Family("LlavaForConditionalGeneration", "[IMG]", _pixtral),
 }
