@@ -87,16 +87,25 @@ class ShortcutsDialog(QDialog):
         for row, shortcut in enumerate(self.shortcuts):
             for column, text in enumerate((shortcut.keys, shortcut.action, shortcut.place)):
                 self.table.setItem(row, column, QTableWidgetItem(text))
+        self.table.setShowGrid(False)
+        self.table.setAlternatingRowColors(True)
+        self.table.setWordWrap(False)
         header = self.table.horizontalHeader()
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
-        header.setSectionResizeMode(2, QHeaderView.ResizeMode.ResizeToContents)
+        header.setDefaultAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setStretchLastSection(True)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
         layout.addWidget(self.table)
         layout.addWidget(buttons)
-        self.resize(520, 80 + 30 * len(self.shortcuts))
+        # Big enough to show every line whole: the list is short, and a scroll bar would hide part of it.
+        self.table.resizeColumnsToContents()
+        self.table.resizeRowsToContents()
+        frame = 2 * self.table.frameWidth()
+        width = sum(self.table.columnWidth(c) for c in range(3)) + frame + 24
+        height = header.sizeHint().height() + sum(self.table.rowHeight(r) for r in range(len(self.shortcuts)))
+        self.table.setMinimumSize(width, min(height + frame, 640))
 
     def rows(self) -> list[tuple[str, str, str]]:
         """The table as shown: (keys, action, where) per line."""
