@@ -41,6 +41,7 @@ API_KEY_KEY = "server.api_key"  # only where no keyring holds it
 KEYRING_NAME = "tandem-local-server"  # the key's name in the keyring (api_keys keys by endpoint)
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
+STOP_GRACE = 2.0  # seconds a cut request has to cancel its job before its task is cancelled
 
 
 class ServerError(Exception):
@@ -107,23 +108,39 @@ class _Uvicorn:
     def __init__(self, app: Any, sock: Any):
         import uvicorn
 
-        # No grace for open streams: Stop cuts them at once, which cancels their jobs (stream.py).
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=0)
+        # Stop closes every connection first (stream.py then cancels each one's job, as for a client that left);
+        # what has not ended after this grace is cancelled.
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=STOP_GRACE)
         self.server = uvicorn.Server(config)
         self.sock = sock
         self.error: BaseException | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(target=self._run, name="tandem-app-server", daemon=True)
 
     def _run(self) -> None:
         try:
-            asyncio.run(self.server.serve(sockets=[self.sock]))
+            asyncio.run(self._serve())
         except BaseException as e:  # reported by start(), or logged when it happens later
             self.error = e
             log.exception("the local server stopped")
         finally:
             self.sock.close()
 
+    async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self.server.serve(sockets=[self.sock])
+
+    def _cut(self) -> None:
+        # Server loop: a closed connection reads as the client leaving, which ends its request and its job.
+        for connection in list(self.server.server_state.connections):
+            connection.transport.close()
+
     def stop(self, timeout: float) -> None:
+        if self.loop is not None:
+            try:
+                self.loop.call_soon_threadsafe(self._cut)
+            except RuntimeError:
+                pass  # the loop has ended already
         self.server.should_exit = True
         self.thread.join(timeout)
         if self.thread.is_alive():
