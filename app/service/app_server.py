@@ -26,7 +26,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from app.service.api_keys import delete_api_key, load_api_key, save_api_key
+from app.service.api_keys import NO_KEYRING_NOTE, delete_api_key, load_api_key, save_api_key
 from engine.server.app import ServerOptions, create_app
 from engine.server.command import LOOPBACK, bind, url_of
 from engine.server.served import ServedModel
@@ -162,7 +162,7 @@ class AppServer(QObject):
         self.store = store
         self.service = service
         self.requests: deque[RequestRecord] = deque(maxlen=LOG_LINES)
-        self.key_note = ""  # where the API key lives when no keyring holds it (shown by the panel)
+        self._key_note = ""  # why the last key saved went to the settings
         self._served: ServedModel | None = None  # read by the server's thread at each request
         self._uvicorn: _Uvicorn | None = None
         self._url: str | None = None
@@ -188,11 +188,17 @@ class AppServer(QObject):
         if not api_key:
             delete_api_key(KEYRING_NAME)
             self.store.set_setting(API_KEY_KEY, None)
-            self.key_note = ""
             return
         place = save_api_key(KEYRING_NAME, api_key)
         self.store.set_setting(API_KEY_KEY, None if place.in_keyring else api_key)
-        self.key_note = place.note
+        self._key_note = place.note
+
+    @property
+    def key_note(self) -> str:
+        """Empty, or a note that the API key sits in the settings in plain text and why (shown by the panel)."""
+        if not self.store.get_setting(API_KEY_KEY):
+            return ""
+        return self._key_note or NO_KEYRING_NOTE
 
     # --- state ---------------------------------------------------------------------------------------------
 

@@ -224,7 +224,7 @@ def test_settings_persist_and_the_key_is_required(loop, store, loaded):
     finally:
         srv.close()  # quitting: remembered as running
     again = AppServer(store, loaded)
-    assert again.port == 0 and again.api_key() == "sekrit"
+    assert again.port == 0 and again.api_key() == "sekrit" and "plain text" in again.key_note
     task = again.restore()
     assert task is not None
     run(loop, task)
