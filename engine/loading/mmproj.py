@@ -141,6 +141,7 @@ def pair_mmproj(
     text_tensors: dict[str, Any],
     dtype: torch.dtype,
     device: torch.device,
+    has_rope_freq_factors: bool = False,
 ) -> tuple[ModelConfig, dict[str, Any], Any, str | None]:
     """The config and checkpoint to build for a text GGUF and its mmproj (`mmproj`, else the one beside it):
     `(config, tensors, image processor or None, why images are off or None)`.
@@ -160,6 +161,12 @@ def pair_mmproj(
             mmproj = find_mmproj(text_path)
             if mmproj is None:
                 return text_config, text_tensors, None, None
+        if has_rope_freq_factors:
+            # The vision-language classes build their text model from the config alone (no llama3 rope table).
+            raise MmprojError(
+                f"{text_path.name} uses llama3-style rope scaling (rope_freqs.weight), which Tandem does not "
+                "pair with a projector yet. Load the Hugging Face folder for images."
+            )
         part = read_mmproj(mmproj, GGUFFile.open(text_path), text_config, dtype, device)
     except MmprojError as e:
         log.warning("%s: images are off: %s", text_path.name, e)

@@ -81,7 +81,9 @@ def load_model(
         freq_factors = tensors.pop("rope_freq_factors", None)
         from engine.loading.mmproj import pair_mmproj
 
-        config, tensors, processor, vision_error = pair_mmproj(path, mmproj, config, tensors, target, device)
+        config, tensors, processor, vision_error = pair_mmproj(
+            path, mmproj, config, tensors, target, device, has_rope_freq_factors=freq_factors is not None
+        )
         release_freed_memory()  # the dequantization temporaries, before packing allocates again
     else:
         from engine.loading.safetensors import load_safetensors

@@ -247,8 +247,9 @@ def test_mmproj_beside_the_text_file_is_found(pair):
     assert type(found) is type(from_folder) and vision_of(found) is not None
 
 
-def _copy_with(src: Path, dst: Path, **changes) -> Path:
-    """`src` (a GGUF) written again with some metadata values changed, by the installed gguf package."""
+def _copy_with(src: Path, dst: Path, add_tensors: dict[str, np.ndarray] | None = None, **changes) -> Path:
+    """`src` (a GGUF) written again with some metadata values changed (and float32 tensors added), by the
+    installed gguf package."""
     import gguf
 
     reader = gguf.GGUFReader(src)
@@ -265,6 +266,8 @@ def _copy_with(src: Path, dst: Path, **changes) -> Path:
             writer.add_key_value(name, value, kind)
     for t in reader.tensors:
         writer.add_tensor(t.name, np.array(t.data), raw_shape=list(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
+    for name, values in (add_tensors or {}).items():
+        writer.add_tensor(name, values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -305,6 +308,17 @@ def test_a_text_file_without_the_image_token_is_named(pair, tmp_path):
     )
     model = Model.load(text, dtype=torch.float32)
     assert vision_of(model) is None and "no such token" in model.vision_error
+
+
+def test_a_text_model_with_llama3_rope_factors_is_not_paired_yet(pair, tmp_path):
+    _, _, folder = pair
+    mmproj = next(folder.glob("mmproj-*.gguf"))
+    shutil.copy(mmproj, tmp_path / mmproj.name)
+    head_dim = 16
+    factors = {"rope_freqs.weight": np.ones(head_dim // 2, dtype=np.float32)}
+    text = _copy_with(folder / "text.gguf", tmp_path / "text.gguf", add_tensors=factors)
+    model = Model.load(text, dtype=torch.float32)
+    assert vision_of(model) is None and "llama3-style rope" in model.vision_error
 
 
 def _tokens(path: Path) -> list[str]:
