@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 from app.service.generation import GenerationSettings
 from app.service.images import ImageSource  # a file path (a stored attachment), or the encoded bytes
 from engine.errors import ChatTemplateError, ImageError  # what start_answer raises for a bad image or template
+from engine.vision.prompt import user_message  # a user message with n {"type": "image"} parts: start_answer's form
 
 __all__ = [
     "AnswerJob",
@@ -33,6 +34,7 @@ __all__ = [
     "ImageError",
     "ImageSource",
     "ModelSwapped",
+    "user_message",
 ]
 
 

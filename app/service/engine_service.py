@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from PySide6.QtCore import QObject, Signal
 
-from app.service.catalog import download_from_hub, model_display_name
+from app.service.catalog import model_display_name
 from app.service.loaded import Loaded, Serving
 from app.service.loading import (
     FetchFailed,
@@ -204,22 +204,6 @@ class EngineService(QObject, LocalBackend):
             explain_fetch=starter_failure,
             context_length=context_length,
         )
-
-    def download_and_load(
-        self, repo_id: str, dest_dir: str | Path | None = None, filename: str | None = None
-    ) -> asyncio.Task[bool]:
-        """Download a model from the Hugging Face Hub (catalog.download_from_hub), then load it.
-
-        `dest_dir` defaults to the models folder; `filename` picks one .gguf of a repo holding several.
-        Offline, load_failed says so within seconds.
-        """
-        from engine.paths import models_dir
-
-        def resolve(report: Progress) -> Path:
-            return download_from_hub(repo_id, dest_dir or models_dir(), report, filename=filename)
-
-        name = Path(filename).stem if filename else repo_id.rsplit("/", 1)[-1]
-        return self._start(resolve, name, fetch_share=0.5, explain_fetch=lambda e: f"Could not download {repo_id}: {e}")
 
     async def wait_loaded(self) -> bool:
         """Wait until no load is pending; True when the most recently requested load succeeded."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -30,36 +30,31 @@ _pools_lock = threading.Lock()
 
 async def in_worker(fn: Callable[..., T], *args: Any, pool: str = PROMPT) -> T:
     """Run `fn(*args)` on a worker of `pool` (LOADER, PROMPT or VISION) and await its result on this loop."""
+    return await asyncio.wrap_future(submit(fn, *args, pool=pool))
+
+
+def submit(fn: Callable[..., T], *args: Any, pool: str = PROMPT) -> Future[T]:
+    """Start `fn(*args)` on a worker of `pool`; for a Qt slot with no running asyncio loop (use in_worker
+    where there is one). The future's callbacks run on the worker thread: hand news to the GUI by a signal."""
     if pool == LOADER:
-        return await _on_daemon_thread(fn, *args)
+        future: Future[T] = Future()
+        threading.Thread(target=_settle, args=(future, fn, args), name="tandem-loader", daemon=True).start()
+        return future
     if pool not in _POOL_SIZES:
         raise ValueError(f"no worker pool {pool!r}; use one of {LOADER!r}, {', '.join(map(repr, _POOL_SIZES))}")
     with _pools_lock:
         executor = _pools.get(pool)
         if executor is None:
             executor = _pools[pool] = ThreadPoolExecutor(_POOL_SIZES[pool], thread_name_prefix=f"tandem-{pool}")
-    return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+    return executor.submit(fn, *args)
 
 
-def _on_daemon_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def settle(setter: Callable[[Any], None], value: Any) -> None:
-        if not future.done():  # the awaiting task may have been cancelled meanwhile
-            setter(value)
-
-    def work() -> None:
-        try:
-            outcome, value = future.set_result, fn(*args)
-        except Exception as e:
-            outcome, value = future.set_exception, e
-        except BaseException as e:  # never leave the future pending
-            outcome, value = future.set_exception, RuntimeError(f"the worker stopped: {e!r}")
-        try:
-            loop.call_soon_threadsafe(settle, outcome, value)
-        except RuntimeError:
-            pass  # the loop is closed: nobody is waiting any more
-
-    threading.Thread(target=work, name="tandem-loader", daemon=True).start()
-    return future
+def _settle(future: Future, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(fn(*args))
+    except Exception as e:
+        future.set_exception(e)
+    except BaseException as e:  # never leave the future pending
+        future.set_exception(RuntimeError(f"the worker stopped: {e!r}"))

@@ -38,7 +38,15 @@ from PySide6.QtWidgets import (
 )
 
 from app.service.answer_stats import eos_stats
-from app.service.backend import AnswerJob, Backend, ChatTemplateError, ContextFull, ImageError, ModelSwapped
+from app.service.backend import (
+    AnswerJob,
+    Backend,
+    ChatTemplateError,
+    ContextFull,
+    ImageError,
+    ModelSwapped,
+    user_message,
+)
 from app.service.generation import GenerationSettings, complete_settings, has_json_mode, with_json_mode
 from app.service.workers import PROMPT, in_worker
 from app.store import StoreError
@@ -53,7 +61,6 @@ from app.ui.attachments import (
 from app.ui.chat_input import ChatInput
 from app.ui.message_view import MessageView, MessageWidget
 from app.ui.tasks import spawn
-from engine.vision.prompt import user_message
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
@@ -47,6 +47,7 @@ from app.service.catalog import (
 )
 from app.service.memory_plan import DEFAULT_CONTEXT_TOKENS
 from app.service.speculation import MODE_LABELS, MODES, Speculation, load_speculation, num_layers, save_speculation
+from app.service.workers import LOADER, submit
 from app.ui.model_card import ModelCard, summary
 from app.ui.theme import mark
 from engine.loading.starter import STARTER_NAME, starter_path
@@ -133,7 +134,7 @@ class ModelManager(QDialog):
         self.service = service
         self._pending: tuple[str, str] | None = None  # (path, name) of the load in flight
         self._fit_offer: tuple[str, int] | None = None  # (path, context) that fits, after a memory refusal
-        self._download_thread: threading.Thread | None = None
+        self._download: Future[Path] | None = None  # the download running (app.service.workers, LOADER)
         self.setWindowTitle("Models")
         self.resize(920, 780)
 
@@ -537,7 +538,7 @@ class ModelManager(QDialog):
     # --- downloading ---------------------------------------------------------------------------------------
 
     def is_downloading(self) -> bool:
-        return self._download_thread is not None and self._download_thread.is_alive()
+        return self._download is not None and not self._download.done()
 
     def download(self, repo_id: str) -> None:
         """Download a Hugging Face repo into the models folder on a worker thread, then remember it."""
@@ -555,17 +556,17 @@ class ModelManager(QDialog):
         self._set_download_message(f"Downloading {repo_id}…")
         bridge = self._bridge
 
-        def work() -> None:
-            try:
-                folder = download_from_hub(repo_id, dest, lambda f: _emit(bridge.progress, f))
-            except Exception as e:  # every failure becomes a message in the window; the app keeps running
-                log.info("download of %s failed: %s", repo_id, e)
-                _emit(bridge.failed, repo_id, str(e) or type(e).__name__)
+        def done(future: Future[Path]) -> None:  # on the download's thread: the bridge carries it to the GUI
+            error = future.exception()
+            if error is not None:  # every failure becomes a message in the window; the app keeps running
+                log.info("download of %s failed: %s", repo_id, error)
+                _emit(bridge.failed, repo_id, str(error) or type(error).__name__)
             else:
-                _emit(bridge.finished, repo_id, str(folder))
+                _emit(bridge.finished, repo_id, str(future.result()))
 
-        self._download_thread = threading.Thread(target=work, name="tandem-download", daemon=True)
-        self._download_thread.start()
+        # A daemon thread (LOADER): quitting while a model downloads must not wait for it.
+        self._download = submit(download_from_hub, repo_id, dest, lambda f: _emit(bridge.progress, f), pool=LOADER)
+        self._download.add_done_callback(done)
 
     def _on_download_progress(self, fraction: float) -> None:
         self.download_progress.setValue(round(max(0.0, min(1.0, fraction)) * PROGRESS_STEPS))

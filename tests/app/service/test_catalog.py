@@ -22,6 +22,7 @@ import torch
 
 from app.service import EngineService, HubDownloadError, describe_model, download_from_hub
 from app.service.catalog import choose_hub_files, model_display_name
+from app.service.workers import LOADER, in_worker
 from engine.errors import CorruptFileError, MissingFileError, ModelLoadError
 
 REPO = "tandem-test/tiny"
@@ -229,41 +230,39 @@ def test_hub_offline_mode_and_bad_repo_ids_fail_at_once(monkeypatch, tmp_path):
             download_from_hub(repo_id, tmp_path)
 
 
-# --- the service's download-and-load --------------------------------------------------------------------------
+# --- download, then load: the one path (the model manager's) ------------------------------------------------
 
 
 def run(loop, coro):
     return loop.run_until_complete(asyncio.wait_for(coro, 60))
 
 
-def test_service_downloads_then_loads(loop, hub, tmp_path):
+def test_a_download_on_a_loader_thread_then_loads(loop, hub, tmp_path):
     service = EngineService(dtype=torch.float32)
-    progress = []
-    service.loading_progress.connect(progress.append)
-    service.download_and_load(REPO, tmp_path)
+    progress, threads = [], set()
+
+    def report(fraction):
+        progress.append(fraction)
+        threads.add(threading.get_ident())
+
+    folder = run(loop, in_worker(download_from_hub, REPO, tmp_path, report, pool=LOADER))
+    assert folder == tmp_path / "tandem-test--tiny" and threading.get_ident() not in threads
+    assert all(a <= b for a, b in zip(progress, progress[1:])) and progress[-1] == 1.0
+    service.load_model(folder, "tiny")
     assert run(loop, service.wait_loaded())
-    assert service.model_name == "tiny" and service.model_path == tmp_path / "tandem-test--tiny"
-    assert all(a < b for a, b in zip(progress, progress[1:])) and progress[-1] == 1.0
-    assert any(p < 0.5 for p in progress) and any(0.5 < p < 1.0 for p in progress)  # download, then load
+    assert service.model_name == "tiny" and service.model_path == folder
     run(loop, service.close())
 
 
-def test_service_download_offline_keeps_the_model(loop, tiny_folder, monkeypatch, tmp_path):
+def test_a_download_offline_fails_fast_and_keeps_the_model(loop, tiny_folder, monkeypatch, tmp_path):
     service = EngineService(dtype=torch.float32)
-    failures = []
-    service.load_failed.connect(failures.append)
     service.load_model(tiny_folder, "tiny")
     assert run(loop, service.wait_loaded())
     monkeypatch.setenv("HF_ENDPOINT", UNREACHABLE)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     start = time.perf_counter()
-    service.download_and_load("HuggingFaceTB/SmolLM2-135M-Instruct", tmp_path)
-    assert run(loop, service.wait_loaded()) is False
+    with pytest.raises(HubDownloadError, match="offline"):
+        run(loop, in_worker(download_from_hub, "HuggingFaceTB/SmolLM2-135M-Instruct", tmp_path, pool=LOADER))
     assert time.perf_counter() - start < 15
-    assert (
-        len(failures) == 1
-        and "offline" in failures[0]
-        and failures[0].startswith("Could not download HuggingFaceTB/SmolLM2-135M-Instruct")
-    )
     assert service.model_name == "tiny"
     run(loop, service.close())
