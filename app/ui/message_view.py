@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,11 +22,14 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+from shiboken6 import isValid
 
-from app.ui.rich_text import COPY_CODE_SCHEME, code_blocks, markdown_to_html
+from app.ui.rich_text import COPY_CODE_SCHEME, code_blocks, markdown_to_html, warm_up
 from app.ui.theme import is_dark
 
 RENDER_INTERVAL_MS = 80  # while streaming, re-render Markdown at most this often (the text itself is never lost)
+# ...and at most this share of the time: a long answer's render costs more, so it is redone less often.
+RENDER_SHARE = 1 / 8
 _ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 
 
@@ -51,6 +56,54 @@ def format_stats(stats: dict[str, Any]) -> str:
     elif stats.get("error"):
         parts.append(f"failed: {stats['error']}")
     return " · ".join(parts)
+
+
+class _RenderQueue:
+    """Renders streaming messages one per event-loop turn.
+
+    Answers streaming side by side receive tokens together, so their throttle timers fire together; rendered
+    in one go, four long answers froze the window for one render each, back to back. Queued, the window
+    handles input and paints between any two renders.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[MessageWidget] = []
+        self._timer: QTimer | None = None
+
+    def add(self, widget: MessageWidget) -> None:
+        if widget in self._pending:
+            return
+        self._pending.append(widget)
+        if self._timer is None:  # made on first use: a QTimer needs the application to exist
+            self._timer = QTimer()
+            self._timer.setSingleShot(True)
+            self._timer.setInterval(0)
+            self._timer.timeout.connect(self._render_next)
+        self._timer.start()
+
+    def discard(self, widget: MessageWidget) -> None:
+        if widget in self._pending:
+            self._pending.remove(widget)
+
+    def _render_next(self) -> None:
+        while self._pending:
+            widget = self._pending.pop(0)
+            if isValid(widget):  # a message removed while it waited is not rendered
+                widget._render()
+                break
+        if self._pending and self._timer is not None:
+            self._timer.start()
+
+
+_RENDER_QUEUE = _RenderQueue()
+_warm_up_started = threading.Event()
+
+
+def _warm_up_code_highlighting() -> None:
+    """Load the code highlighter on a worker thread, once, when the first answer starts streaming."""
+    if not _warm_up_started.is_set():
+        _warm_up_started.set()
+        threading.Thread(target=warm_up, name="rich-text-warm-up", daemon=True).start()
 
 
 class AutoHeightBrowser(QTextBrowser):
@@ -104,7 +157,7 @@ class MessageWidget(QFrame):
         self._render_timer = QTimer(self)
         self._render_timer.setSingleShot(True)
         self._render_timer.setInterval(RENDER_INTERVAL_MS)
-        self._render_timer.timeout.connect(self._render)
+        self._render_timer.timeout.connect(lambda: _RENDER_QUEUE.add(self))
         self.setObjectName("userMessage" if role == "user" else "assistantMessage")
         self.setFrameShape(QFrame.Shape.StyledPanel)
 
@@ -186,10 +239,13 @@ class MessageWidget(QFrame):
 
     def set_streaming(self, streaming: bool) -> None:
         self._streaming = streaming
+        if streaming:
+            _warm_up_code_highlighting()
         self.copy_button.setEnabled(not streaming)
         if not streaming:
+            # The last render waits its turn too: answers streamed side by side also end together.
             self._render_timer.stop()
-            self._render()
+            _RENDER_QUEUE.add(self)
 
     def set_stats(self, stats: dict[str, Any]) -> None:
         line = format_stats(stats)
@@ -205,11 +261,15 @@ class MessageWidget(QFrame):
         QGuiApplication.clipboard().setText(self._text)
 
     def _render(self) -> None:
+        started = time.perf_counter()
         if self.role == "user":
             self.body.setPlainText(self._text)  # what the user typed, exactly
         else:
             # Code blocks carry their own colours (pygments), so they are picked for the scheme in use.
             self.body.setHtml(markdown_to_html(self._text, dark=is_dark()) or "<i>…</i>")
+        # Rendering the whole text grows with it: space the next streaming render so it takes RENDER_SHARE.
+        spent_ms = (time.perf_counter() - started) * 1000
+        self._render_timer.setInterval(max(RENDER_INTERVAL_MS, math.ceil(spent_ms / RENDER_SHARE)))
 
     def _link_clicked(self, url: QUrl) -> None:
         if url.scheme() == COPY_CODE_SCHEME:

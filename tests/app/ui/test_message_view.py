@@ -6,9 +6,10 @@ the answer (shown as text, not rendered), a fence with more backticks closed by 
 
 from __future__ import annotations
 
-from PySide6.QtCore import QUrl
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtCore import QObject, Qt, QUrl, Slot
+from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import QApplication, QWidget
+from shiboken6 import delete
 
 from app.ui.message_view import MessageWidget, format_stats
 from app.ui.rich_text import code_blocks, markdown_to_html, split_fences
@@ -125,3 +126,54 @@ def test_format_stats_reports_drafts_and_json_mode():
     cut = {**done, "eos_reason": "max_new_tokens"}
     assert format_stats(cut) == "9 tokens · JSON cut off at the token limit"
     assert format_stats({**cut, "json_mode": False}) == "9 tokens"  # a plain answer's limit is not news
+
+
+class _Browser(QObject):
+    """Stands where the system browser would: QDesktopServices hands it the URLs it is asked to open."""
+
+    def __init__(self):
+        super().__init__()
+        self.opened: list[str] = []
+
+    @Slot(QUrl)
+    def open(self, url: QUrl) -> None:
+        self.opened.append(url.toString())
+
+
+def test_a_link_opens_in_the_browser_only_when_clicked(qtbot):
+    browser = _Browser()
+    QDesktopServices.setUrlHandler("https", browser, "open")
+    try:
+        widget = MessageWidget(5, "assistant", "Read [the docs](https://example.org/docs) first.")
+        qtbot.addWidget(widget)
+        widget.resize(500, 200)
+        widget.show()
+        qtbot.waitExposed(widget)
+        widget.set_text(widget.text)  # rendered again, still nothing opens on its own
+        qtbot.wait(50)
+        assert browser.opened == []
+        cursor = widget.body.document().find("the docs")
+        where = widget.body.cursorRect(cursor).center()
+        qtbot.mouseClick(widget.body.viewport(), Qt.MouseButton.LeftButton, pos=where)
+        assert browser.opened == ["https://example.org/docs"]
+    finally:
+        QDesktopServices.unsetUrlHandler("https")
+
+
+def test_streaming_and_final_renders_go_through_the_queue(qtbot):
+    widgets = [MessageWidget(10 + i, "assistant", "") for i in range(3)]
+    for widget in widgets:
+        qtbot.addWidget(widget)
+        widget.set_streaming(True)
+        widget.set_text(f"answer {widget.message_id}: **bold**")
+    qtbot.waitUntil(lambda: all("bold" in w.body.toPlainText() for w in widgets), timeout=2000)
+    gone = MessageWidget(20, "assistant", "")
+    gone.set_streaming(True)
+    gone.set_text("removed before its render")
+    for widget in [gone, *widgets]:
+        widget.set_text(widget.text + "\nline two")
+        widget.set_streaming(False)  # the final render waits its turn too
+    delete(gone)  # removed while it waits in the queue: skipped, not a crash
+    assert not any("line two" in w.body.toPlainText() for w in widgets)
+    qtbot.waitUntil(lambda: all("line two" in w.body.toPlainText() for w in widgets), timeout=2000)
+    assert all(w.body.toPlainText().endswith("bold\nline two") for w in widgets)
