@@ -1,11 +1,12 @@
 """`tandem`: opens the chat window with the model used last, or the starter (fetched first, with progress).
 
-    tandem [--model PATH|starter|demo] [--prompt TEXT [--image PATH ...] [--quit-after-answer]] [-v]
+    tandem [--model PATH|starter|demo | --remote URL [--remote-model ID] [--api-key KEY]]
+           [--prompt TEXT [--image PATH ...] [--quit-after-answer]] [-v]
 
 The window runs on a qasync loop (asyncio on Qt's event loop); the model loads on a worker thread and
 answers are generated on the engine's own thread, so the window stays responsive throughout.
 `--quit-after-answer` prints the answer to `--prompt` on stdout and exits: packaging/check.sh drives the
-bundled app that way.
+bundled app that way. `--remote` chats through an OpenAI-compatible server instead of loading a model.
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the answer to --prompt on stdout and quit (exit status 1 when it fails)",
     )
+    parser.add_argument(
+        "--remote",
+        metavar="URL",
+        help="chat through an OpenAI-compatible server (vLLM, llama-server, python -m engine serve) at URL, "
+        "e.g. http://host:8000/v1, instead of a local model",
+    )
+    parser.add_argument("--remote-model", metavar="ID", help="the server's model to use (default: the first it lists)")
+    parser.add_argument("--api-key", metavar="KEY", help="the server's API key (default: $TANDEM_API_KEY)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more (to stderr)")
     return parser
 
@@ -130,11 +139,17 @@ def main(argv: list[str] | None = None) -> int:
                 _show_notice(window, "Tandem recovered its data", opened.notice)
         QTimer.singleShot(0, lambda: log.info("window shown"))  # the first turn of the loop after show()
         startup = ModelStartup(window, store, service)
-        startup.start(args.model)
+        remote = _remote_endpoint(args)
+        if remote is None:
+            startup.start(args.model)
         instance.serve(window, startup, headless=args.quit_after_answer)
         outcome: dict[str, Any] = {}
         if args.image or args.quit_after_answer:
-            QTimer.singleShot(0, lambda: spawn(_answer_once(window, startup, args, outcome), name="answer-once"))
+            QTimer.singleShot(
+                0, lambda: spawn(_answer_once(window, startup, args, outcome, remote), name="answer-once")
+            )
+        elif remote is not None:
+            QTimer.singleShot(0, lambda: spawn(_use_remote(window, remote, args.prompt), name="use-remote"))
         elif args.prompt:
             window.send_prompt(args.prompt)
         status = loop.run_forever()
@@ -156,6 +171,10 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error("--model demo: this installation has no demo vision model (assets/demo-vision is missing)")
     if args.model not in (None, *MODEL_NAMES) and not Path(args.model).expanduser().exists():
         parser.error(f"--model {args.model}: no such file or folder (give a model folder or a .gguf file)")
+    if args.remote and args.model:
+        parser.error("--remote and --model are two different models: give one of them")
+    if (args.remote_model or args.api_key) and not args.remote:
+        parser.error("--remote-model and --api-key go with --remote URL (the server to use)")
     if (args.image or args.quit_after_answer) and not args.prompt:
         parser.error("--image and --quit-after-answer need --prompt TEXT (the message to send)")
     for image in args.image:
@@ -169,14 +188,40 @@ def _demo_available() -> bool:
     return demo_vision_available()
 
 
-async def _answer_once(window: Any, startup: Any, args: argparse.Namespace, outcome: dict[str, Any]) -> None:
-    """Send --prompt (with --image files) once the model is loaded; with --quit-after-answer print the
-    answer and quit. A failure goes into `outcome["error"]` (and quits) in that mode."""
+def _remote_endpoint(args: argparse.Namespace) -> Any:
+    """The server --remote names (with --remote-model, --api-key or $TANDEM_API_KEY), or None. Images given
+    with --image mean the user says that model sees them."""
+    if not args.remote:
+        return None
+    from app.service.remote_endpoints import Endpoint
+
+    key = args.api_key or os.environ.get("TANDEM_API_KEY") or None
+    return Endpoint(args.remote, key, args.remote_model, sees_images=bool(args.image))
+
+
+async def _use_remote(window: Any, remote: Any, prompt: str | None) -> None:
+    from app.ui.remote_dialog import use_remote
+
+    if await use_remote(window, remote, remember=False) and prompt:
+        window.send_prompt(prompt)
+
+
+async def _answer_once(
+    window: Any, startup: Any, args: argparse.Namespace, outcome: dict[str, Any], remote: Any = None
+) -> None:
+    """Send --prompt (with --image files) once the model is loaded (or the --remote server answered); with
+    --quit-after-answer print the answer and quit. A failure goes into `outcome["error"]` (and quits) in
+    that mode."""
     from PySide6.QtWidgets import QApplication
+
+    from app.ui.remote_dialog import use_remote
 
     service = window.service
     try:
-        if not await service.wait_loaded():
+        if remote is not None:
+            if not await use_remote(window, remote, remember=False):
+                raise RuntimeError(window.error_label.text() or "the server could not be used")
+        elif not await service.wait_loaded():
             raise RuntimeError(startup.last_error or "the model did not load")
         tab = window.new_prompt_chat()  # never the user's open chat, whatever its settings
         if args.image:

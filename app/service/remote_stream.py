@@ -119,6 +119,12 @@ class RemoteJob:
                     await self._stream(client, body)
                     return
                 except RemoteRefused as e:
+                    if "max_tokens" in body and not self.text and _context_exceeded(e):
+                        # The answer asked for more than the context leaves after the prompt (whose length
+                        # only the server knows): without max_tokens the server gives the room there is.
+                        log.info("%s: max_tokens past the context; asking for what the context leaves", self._base_url)
+                        body = {k: v for k, v in body.items() if k != "max_tokens"}
+                        continue
                     refused = [f for f in self._optional_fields if f in body and f in e.server_message]
                     if not refused or self.text:
                         raise
@@ -254,3 +260,12 @@ class _Stats:
             "time_prefill": first - self.time_headers,
             "time_generate": last - first,
         }
+
+
+def _context_exceeded(error: RemoteRefused) -> bool:
+    """A 400 saying prompt + max_tokens is past the model's context, in the words vLLM, llama-server and
+    Tandem's server use (the code, or the message)."""
+    said = error.server_message.lower()
+    return error.status == 400 and (
+        "context_length_exceeded" in said or "context length" in said or "context size" in said
+    )

@@ -34,7 +34,10 @@ from PySide6.QtWidgets import (
 )
 
 from app.service.app_server import AppServer
+from app.service.remote_endpoints import saved_endpoint
+from app.ui.backend_switch import BackendSwitch
 from app.ui.chat_tab import DEFAULT_TITLE, ChatTab
+from app.ui.remote_dialog import ask_remote
 from app.ui.sampler_panel import SamplerPanel
 from app.ui.server_panel import ServerPanel
 from app.ui.shortcuts_dialog import PLACE_PROPERTY, ShortcutsDialog
@@ -59,6 +62,9 @@ class MainWindow(QMainWindow):
         super().__init__(parent)
         self.store = store
         self.service = service
+        # What chats answer with: the local engine, or a remote server (Model -> Use a remote server…).
+        self.backends = BackendSwitch(service, self)
+        self.backends.changed.connect(self._backend_changed)
         self._pending_prompt: str | None = None
         self._compare_view: QWidget | None = None
         self._model_manager: QWidget | None = None
@@ -143,6 +149,7 @@ class MainWindow(QMainWindow):
         action(model, "Open model file or folder…", self.ask_open_model, "Ctrl+O")
         if _module_exists("app.ui.model_manager"):
             action(model, "Model manager…", self.show_model_manager)
+        action(model, "Use a remote server…", lambda: ask_remote(self, saved_endpoint(self.store)))
         action(self.menuBar().addMenu("&Server"), "Local server…", self.show_server_panel)
         if _module_exists("app.ui.compare_view"):
             view = self.menuBar().addMenu("&View")
@@ -188,7 +195,7 @@ class MainWindow(QMainWindow):
         """Show the chat's tab, opening it if needed."""
         tab = self.tab_for(chat_id)
         if tab is None:
-            tab = ChatTab(self.store, self.service, chat_id)
+            tab = ChatTab(self.store, self.backends.current, chat_id)
             tab.title_changed.connect(self._title_changed)
             tab.streaming_changed.connect(self._streaming_changed)
             tab.chat_changed.connect(lambda _id: self.sidebar.refresh())
@@ -361,7 +368,7 @@ class MainWindow(QMainWindow):
         if self._compare_view is None:
             from app.ui.compare_view import CompareView
 
-            self._compare_view = CompareView(self.store, self.service, self)
+            self._compare_view = CompareView(self.store, self.backends.current, self)
             self._compare_view.setWindowFlag(Qt.WindowType.Window)
             self._compare_view.setWindowTitle("Compare — Tandem")
             self._compare_view.resize(1200, 700)
@@ -393,17 +400,36 @@ class MainWindow(QMainWindow):
         self.load_progress.setValue(int(fraction * 1000))
 
     def _model_loaded(self, name: str) -> None:
+        self.backends.use_local()  # a model chosen here is what the user wants to chat with
         self.model_label.setText(f"Model: {name} · context {self.service.context_length} tokens")
         self.load_progress.setVisible(False)
         for tab in self.chat_tabs():
             tab.refresh_context_meter()
-        if self._pending_prompt is not None:
+        self._send_pending()
+
+    def _backend_changed(self) -> None:
+        backend = self.backends.current
+        for tab in self.chat_tabs():
+            tab.set_backend(backend)
+        if self._compare_view is not None:
+            self._compare_view.set_backend(backend)
+        remote = self.backends.status_line()
+        if remote is not None:
+            self.model_label.setText(remote)
+            self.error_label.clear()
+        elif self.service.is_loaded:
+            self.model_label.setText(f"Model: {self.service.model_name} · context {self.service.context_length} tokens")
+        self._send_pending()
+
+    def _send_pending(self) -> None:
+        if self._pending_prompt is not None and self.backends.current.is_loaded:
             prompt, self._pending_prompt = self._pending_prompt, None
             self.send_prompt(prompt)
 
     def _load_failed(self, message: str) -> None:
         self.load_progress.setVisible(False)
-        self.model_label.setText(f"Model: {self.service.model_name}" if self.service.is_loaded else "No model")
+        local = f"Model: {self.service.model_name}" if self.service.is_loaded else "No model"
+        self.model_label.setText(self.backends.status_line() or local)
         self.show_error(message)
 
     def add_banner(self, banner: QWidget) -> None:
@@ -418,7 +444,7 @@ class MainWindow(QMainWindow):
 
     def send_prompt(self, text: str) -> None:
         """Send `text` in a new chat with the default settings, once a model is loaded (`tandem --prompt`)."""
-        if not self.service.is_loaded:
+        if not self.backends.current.is_loaded:
             self._pending_prompt = text
             return
         tab = self.new_prompt_chat()
