@@ -120,11 +120,11 @@ async def use_remote(window: Any, endpoint: Endpoint, remember: bool = True) -> 
     except (ValueError, RemoteError) as e:
         window.show_error(f"Could not use the server: {e}")
         return False
+    window.backends.use_remote(backend)
     if remember:
         place = save_endpoint(window.store, endpoint)
-        if place.note:
+        if place.note:  # after the switch, which clears the status bar's last error
             window.show_error(place.note)
-    window.backends.use_remote(backend)
     return True
 
 
