@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -39,6 +40,10 @@ class Database:
         self.path = path
         self._last_time = 0.0
         self._closed = False
+        # Held around each write transaction, here and by the search index backfill's batches on its thread:
+        # SQLite's busy wait polls, and a writer that takes the lock again 10 ms after releasing it could keep
+        # this one waiting past its timeout; a lock hands over within one batch (~0.1 s).
+        self.write_lock = threading.Lock()
         if path.is_dir():
             raise StoreError(f"{path} is a folder, not a database file; choose a file path for Tandem's data.")
         try:
@@ -124,19 +129,20 @@ class Database:
         through after the rollback.
         """
         self._check_open()
-        try:
-            self._conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise StoreError(f"could not write to {self.path}: {exc}") from exc
-        try:
-            yield self._conn
-            self._conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            self._rollback()
-            raise StoreError(f"could not save to {self.path}: {exc}. Nothing of this change was written.") from exc
-        except BaseException:
-            self._rollback()
-            raise
+        with self.write_lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise StoreError(f"could not write to {self.path}: {exc}") from exc
+            try:
+                yield self._conn
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise StoreError(f"could not save to {self.path}: {exc}. Nothing of this change was written.") from exc
+            except BaseException:
+                self._rollback()
+                raise
 
     def _rollback(self) -> None:
         if self._conn.in_transaction:

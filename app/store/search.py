@@ -23,8 +23,10 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 from app.store.records import Chat, chat_from_row
@@ -40,17 +42,26 @@ _TABLES = (
     "CREATE VIRTUAL TABLE message_search USING fts5("
     "text, chat_id UNINDEXED, content='messages', content_rowid='id', tokenize='trigram')",
     "CREATE VIRTUAL TABLE title_search USING fts5(title, content='chats', content_rowid='id', tokenize='trigram')",
+    # Messages with id >= indexed_from are in message_search; older ones wait for the backfill (see Backfill).
+    "CREATE TABLE search_index_state (id INTEGER PRIMARY KEY CHECK (id = 1), indexed_from INTEGER NOT NULL)",
 )
+INDEX_TABLES = ("message_search", "title_search", "search_index_state")
+_INDEXED = "(SELECT indexed_from FROM search_index_state)"
 # External-content FTS5 tables are told about each change; 'delete' needs the old values to find the trigrams.
+# A message the backfill has not reached yet is not in the index, so its changes are not either (the WHEN):
+# a 'delete' of trigrams that were never added would damage the index.
 _TRIGGERS = {
-    "message_search_insert": """CREATE TRIGGER message_search_insert AFTER INSERT ON messages BEGIN
+    "message_search_insert": f"""CREATE TRIGGER message_search_insert AFTER INSERT ON messages
+    WHEN new.id >= {_INDEXED} BEGIN
         INSERT INTO message_search (rowid, text, chat_id) VALUES (new.id, new.text, new.chat_id);
     END""",
-    "message_search_delete": """CREATE TRIGGER message_search_delete AFTER DELETE ON messages BEGIN
+    "message_search_delete": f"""CREATE TRIGGER message_search_delete AFTER DELETE ON messages
+    WHEN old.id >= {_INDEXED} BEGIN
         INSERT INTO message_search (message_search, rowid, text, chat_id)
         VALUES ('delete', old.id, old.text, old.chat_id);
     END""",
-    "message_search_update": """CREATE TRIGGER message_search_update AFTER UPDATE OF text ON messages BEGIN
+    "message_search_update": f"""CREATE TRIGGER message_search_update AFTER UPDATE OF text ON messages
+    WHEN old.id >= {_INDEXED} BEGIN
         INSERT INTO message_search (message_search, rowid, text, chat_id)
         VALUES ('delete', old.id, old.text, old.chat_id);
         INSERT INTO message_search (rowid, text, chat_id) VALUES (new.id, new.text, new.chat_id);
@@ -66,7 +77,7 @@ _TRIGGERS = {
         INSERT INTO title_search (rowid, title) VALUES (new.id, new.title);
     END""",
 }
-INDEX_TABLES = ("message_search", "title_search")
+BACKFILL_BATCH = 2000  # messages per write transaction: about 0.1 s, the longest a GUI write waits for it
 
 
 def is_index_table(name: str) -> bool:
@@ -101,11 +112,12 @@ def has_index(conn: sqlite3.Connection) -> bool:
 def ensure_index(conn: sqlite3.Connection) -> bool:
     """Bring the index to the state this SQLite allows, inside the caller's transaction; True if it is usable.
 
-    - FTS5 there, index missing or its triggers dropped: create what is missing and index every row (once;
-      1.2 million messages take about a minute, logged as it goes).
+    - FTS5 there, index missing or its triggers dropped: create what is missing, index the titles, and leave
+      the existing messages to :class:`Backfill` (1.2 million messages take minutes, which must not be spent
+      starting the app); new messages are indexed from now on by the triggers.
     - FTS5 missing but the file has the index's triggers (made by another SQLite): drop the triggers, or
       every write to messages would fail with "no such module: fts5". The index is then stale, and is
-      rebuilt the next time FTS5 is there (the missing triggers say so).
+      emptied and filled again the next time FTS5 is there (the missing triggers say so).
     - Turned off by ``TANDEM_SEARCH_INDEX=off``: left as it is, and not used.
     """
     if not index_wanted():
@@ -121,15 +133,105 @@ def ensure_index(conn: sqlite3.Connection) -> bool:
     for name, statement in zip(INDEX_TABLES, _TABLES, strict=True):
         if name not in tables:
             conn.execute(statement)
+    for name in ("message_search", "title_search"):
+        conn.execute(f"INSERT INTO {name} ({name}) VALUES ('delete-all')")  # whatever a stale index held
+    conn.execute("INSERT INTO title_search (title_search) VALUES ('rebuild')")  # 30,000 titles: well under 1 s
+    (pending,) = conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM messages").fetchone()
+    conn.execute("INSERT OR REPLACE INTO search_index_state (id, indexed_from) VALUES (1, ?)", (pending,))
     for name, statement in _TRIGGERS.items():
         if name not in triggers:
             conn.execute(statement)
-    started = time.perf_counter()
-    for table in INDEX_TABLES:
-        # 'rebuild' re-reads the whole content table: right for a new index and for a stale one alike.
-        conn.execute(f"INSERT INTO {table} ({table}) VALUES ('rebuild')")
-    logger.info("built the search index in %.1f s", time.perf_counter() - started)
     return True
+
+
+def indexed_from(conn: sqlite3.Connection) -> int:
+    """The lowest message id from which every message is in the index (0 once the backfill is done)."""
+    row = conn.execute(
+        "SELECT CASE WHEN s.indexed_from > COALESCE((SELECT MIN(id) FROM messages), 0) THEN s.indexed_from ELSE 0"
+        " END FROM search_index_state AS s"
+    ).fetchall()  # all: no statement left open (an open read would pin this connection's snapshot)
+    return int(row[0][0]) if row else 0
+
+
+def backfill_step(conn: sqlite3.Connection, batch: int = BACKFILL_BATCH) -> int:
+    """Index the next ``batch`` older messages, inside the caller's write transaction; returns the messages
+    still waiting (0: done)."""
+    upper = indexed_from(conn)
+    if upper == 0:
+        return 0
+    (lower,) = conn.execute(
+        "SELECT COALESCE(MIN(id), 0) FROM (SELECT id FROM messages WHERE id < ? ORDER BY id DESC LIMIT ?)",
+        (upper, batch),
+    ).fetchone()
+    conn.execute(
+        "INSERT INTO message_search (rowid, text, chat_id)"
+        " SELECT id, text, chat_id FROM messages WHERE id >= ? AND id < ?",
+        (lower, upper),
+    )
+    conn.execute("UPDATE search_index_state SET indexed_from = ?", (lower,))
+    (left,) = conn.execute("SELECT COUNT(*) FROM messages WHERE id < ?", (lower,)).fetchone()
+    return int(left)
+
+
+class Backfill:
+    """Indexes the messages written before the index existed, newest first, on a thread with its own
+    connection, one short write transaction at a time (so the GUI thread's writes wait at most one batch).
+    Searches meanwhile use the index for what it holds and scan the rest, so their answers are whole."""
+
+    def __init__(self, path: Path, write_lock: threading.Lock, batch: int = BACKFILL_BATCH) -> None:
+        self.path = path
+        self.batch = batch
+        self._write_lock = write_lock  # the store's: its writes wait for one batch at most (see Database)
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="tandem-search-backfill", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        started = time.perf_counter()
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
+        except sqlite3.Error as exc:
+            self.error = exc
+            logger.warning("search index backfill could not open %s: %s", self.path, exc)
+            return
+        try:
+            left, logged = 1, started
+            while left and not self._stop.is_set():
+                with self._write_lock:
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        left = backfill_step(conn, self.batch)
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        conn.execute("ROLLBACK")
+                        raise
+                if time.perf_counter() - logged > 5:
+                    logged = time.perf_counter()
+                    logger.info("search index: %d older messages still to index", left)
+                time.sleep(0.01)  # let a waiting GUI write in between batches
+            if not left:
+                logger.info("search index: older messages indexed in %.0f s", time.perf_counter() - started)
+        except sqlite3.Error as exc:
+            # Searches still answer (by the scan for what is not indexed); the next start carries on.
+            self.error = exc
+            logger.warning("search index backfill stopped: %s; it goes on at the next start", exc)
+        finally:
+            conn.close()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the backfill to end; True if it did within ``timeout``."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stop(self) -> None:
+        """Stop after the batch in progress (committed or rolled back whole) and wait for the thread."""
+        self._stop.set()
+        self._thread.join()
 
 
 @dataclass
@@ -190,20 +292,20 @@ def search(conn: sqlite3.Connection, query: str, limit: int | None = None, use_i
             "SELECT rowid, chat_id FROM message_search WHERE message_search MATCH ? ORDER BY rowid DESC",
             (_phrase(query),),
         )
+        below = indexed_from(conn)
+        if below:  # the backfill has not reached the oldest messages yet: scan those, after the indexed ones
+            matches = chain(matches, _scan(conn, folded, below))
     else:
         titles = [
             row[0] for row in conn.execute("SELECT id FROM chats WHERE instr(tandem_fold(title), ?) > 0", (folded,))
         ]
-        matches = conn.execute(
-            "SELECT id, chat_id FROM messages WHERE instr(tandem_fold(text), ?) > 0 ORDER BY id DESC", (folded,)
-        )
+        matches = _scan(conn, folded)
     newest: dict[int, int] = {}  # chat id -> its newest matching message id
     for message_id, chat_id in matches:
         if chat_id not in newest:
             newest[chat_id] = message_id
             if limit is not None and len(newest) >= limit:
                 break
-    matches.close()
     ids = set(newest) | set(titles)
     if not ids:
         return []
@@ -219,6 +321,15 @@ def search(conn: sqlite3.Connection, query: str, limit: int | None = None, use_i
             SearchHit(chat_from_row(row), None if message_id is None else _snippet(conn, message_id, query, indexed))
         )
     return hits
+
+
+def _scan(conn: sqlite3.Connection, folded: str, below: int | None = None) -> Iterator[tuple[int, int]]:
+    """(message id, chat id) of messages containing ``folded`` (casefolded), newest first, ids below ``below``."""
+    sql = "SELECT id, chat_id FROM messages WHERE instr(tandem_fold(text), ?) > 0"
+    params: tuple[object, ...] = (folded,)
+    if below is not None:
+        sql, params = sql + " AND id < ?", (folded, below)
+    yield from conn.execute(sql + " ORDER BY id DESC", params)
 
 
 def _snippet(conn: sqlite3.Connection, message_id: int, query: str, indexed: bool) -> str:

@@ -9,6 +9,7 @@ from app.store.export import ExportMixin
 from app.store.migrations import MIGRATIONS, Migration
 from app.store.presets import BUILTIN_PRESETS_PATH, PresetsMixin
 from app.store.records import Preset
+from app.store.search import Backfill, indexed_from
 from app.store.settings import SettingsMixin
 
 DB_FILE_NAME = "tandem.sqlite3"
@@ -40,6 +41,17 @@ class Store(ExportMixin, PresetsMixin, SettingsMixin):
         self._builtin_presets: list[Preset] | None = None
         self._db = Database(self.path, self.migrations)
         self._sweep_attachments()
+        # Messages written before the search index existed are indexed on a thread of their own (minutes for
+        # a long history; searches scan what it has not reached), so opening stays as fast as before.
+        self._backfill: Backfill | None = None
+        if self._db.indexed and self._db.read(indexed_from):
+            self._backfill = Backfill(self.path, self._db.write_lock)
+
+    def wait_for_search_index(self, timeout: float | None = None) -> bool:
+        """Wait until every message is in the search index; True if so within ``timeout`` (tools, tests)."""
+        if self._backfill is not None and not self._backfill.wait(timeout):
+            return False
+        return not self._db.indexed or not self._db.read(indexed_from)
 
     @property
     def schema_version(self) -> int:
@@ -47,7 +59,9 @@ class Store(ExportMixin, PresetsMixin, SettingsMixin):
         return self._db.version
 
     def close(self) -> None:
-        """Close the database; later calls raise StoreError."""
+        """Close the database (after the search index backfill's current batch); later calls raise StoreError."""
+        if self._backfill is not None:
+            self._backfill.stop()
         self._db.close()
 
     def __enter__(self) -> Store:

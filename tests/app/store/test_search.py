@@ -16,7 +16,7 @@ from app.store import Store
 from app.store import search as search_module
 from app.store.migrations import MIGRATIONS
 from app.store.recovery import open_store
-from app.store.search import INDEX_ENV, connect, has_index, search
+from app.store.search import INDEX_ENV, backfill_step, connect, ensure_index, fold, has_index, indexed_from, search
 
 WORDS = "alpha beta gamma delta über Straße café naïve zebra quokka kernel cache river train".split()
 
@@ -70,6 +70,53 @@ def test_migration_indexes_every_existing_chat(tmp_path):
         for chat_id, (title, *messages) in texts.items():  # each chat found by its title and each message
             for text in (title, *messages):
                 assert chat_id in ids(store.search_chats(text)), text
+        assert store.wait_for_search_index(timeout=60)  # the backfill indexed the older messages
+        assert store._db.read(indexed_from) == 0
+        store._db.read(
+            lambda conn: conn.execute("INSERT INTO message_search (message_search) VALUES ('integrity-check')")
+        )
+        for query in QUERIES:
+            assert ids(store.search_chats(query)) == truth[query], query
+
+
+def test_writes_while_the_backfill_is_half_way_keep_the_index_exact(tmp_path):
+    path = tmp_path / "tandem.sqlite3"
+    with StoreV1(path) as v1:
+        texts = fill(v1, chats=20, seed=6)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    conn.create_function("tandem_fold", 1, fold)
+    conn.execute("PRAGMA foreign_keys = ON")
+    try:
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            assert ensure_index(conn)
+        total = conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+        assert backfill_step(conn, batch=total // 2) == total - total // 2  # the newer half indexed
+        half = indexed_from(conn)
+        # one message the backfill has not reached (newest first: just below `half`), one it has
+        old = conn.execute("SELECT id, chat_id FROM messages WHERE id < ? ORDER BY id DESC LIMIT 1", (half,)).fetchone()
+        new = conn.execute("SELECT id, chat_id FROM messages WHERE id > ? LIMIT 1", (half,)).fetchone()
+        assert next(iter(texts)) not in (old["chat_id"], new["chat_id"])
+        conn.execute("UPDATE messages SET text = 'edited wombat' WHERE id IN (?, ?)", (old["id"], new["id"]))
+        conn.execute("DELETE FROM chats WHERE id = ?", (next(iter(texts)),))  # the oldest chat: not indexed yet
+        conn.execute(
+            "INSERT INTO messages (chat_id, role, text, created_at) VALUES (?, 'user', 'new wombat', 0)",
+            (new["chat_id"],),
+        )
+        truth = {q: ids(search(conn, q, use_index=False)) for q in (*QUERIES, "wombat")}
+        assert {q: ids(search(conn, q)) for q in truth} == truth  # the index for the newer half, the scan below
+        while backfill_step(conn, batch=7):
+            pass
+        assert indexed_from(conn) == 0
+        conn.execute("INSERT INTO message_search (message_search) VALUES ('integrity-check')")
+        # every message indexed once and nothing else (FTS5 keeps one docsize row per indexed rowid)
+        indexed = conn.execute("SELECT id FROM message_search_docsize ORDER BY id").fetchall()
+        assert [r[0] for r in indexed] == [r[0] for r in conn.execute("SELECT id FROM messages ORDER BY id")]
+        assert {q: ids(search(conn, q)) for q in truth} == truth
+        assert sorted(ids(search(conn, "wombat"))) == sorted({old["chat_id"], new["chat_id"]})
+    finally:
+        conn.close()
 
 
 def test_triggers_keep_the_index_in_step_with_every_write(store):
