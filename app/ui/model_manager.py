@@ -2,11 +2,9 @@
 download-by-repo-id form.
 
 Loading runs in the service's loader thread; this dialog only starts it and listens to the service's
-signals (progress, loaded, failed). A download runs on a worker thread of its own and reports back
-through queued Qt signals, so the window stays responsive while huggingface_hub works.
-
-The speculation setting (off / n-gram / self-speculation draft of the first k layers) is saved in the
-store and handed to the service, which rebuilds its generator over the loaded model when it changes.
+signals (progress, loaded, failed). The download form (app/ui/download_box.py) runs on a loader worker;
+a finished download is added to the list and loaded. The speculation setting lives in
+app/ui/speculation_box.py.
 
 The selected model's card (app/ui/model_card.py) shows what it is and the memory it needs at the chosen
 context (saved in the store). A load the service refuses for memory offers the longest context that fits;
@@ -17,23 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import Future
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QComboBox,
     QDialog,
     QFileDialog,
-    QGroupBox,
     QHBoxLayout,
     QLabel,
-    QLineEdit,
-    QListWidget,
     QListWidgetItem,
     QProgressBar,
     QPushButton,
-    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
@@ -41,55 +33,22 @@ from PySide6.QtWidgets import (
 from app.service.catalog import (
     DEMO_VISION_NAME,
     demo_vision_path,
-    download_from_hub,
     model_display_name,
     model_info,
 )
 from app.service.memory_plan import DEFAULT_CONTEXT_TOKENS
-from app.service.speculation import MODE_LABELS, MODES, Speculation, load_speculation, num_layers, save_speculation
-from app.service.workers import LOADER, submit
-from app.ui.model_card import ModelCard, summary
+from app.service.speculation import Speculation, load_speculation
+from app.ui.download_box import PROGRESS_STEPS, DownloadBox
+from app.ui.model_card import ModelCard
+from app.ui.model_list import DEMO_KIND, KIND_ROLE, PATH_ROLE, STARTER_KIND, ModelList, same_path
+from app.ui.speculation_box import SpeculationBox
 from app.ui.theme import mark
 from engine.loading.starter import STARTER_NAME, starter_path
 from engine.models.registry import supported_architectures, vision_architectures
-from engine.paths import models_dir
 
 log = logging.getLogger(__name__)
 
-PROGRESS_STEPS = 1000  # QProgressBar takes ints: fractions are shown in tenths of a percent
-STARTER_KIND = "starter"
-DEMO_KIND = "demo"
-DEMO_VISION_LABEL = f"{DEMO_VISION_NAME} (bundled, works offline)"
-_PATH_ROLE = Qt.ItemDataRole.UserRole
-_KIND_ROLE = Qt.ItemDataRole.UserRole + 1
 CONTEXT_SETTING = "model_context_tokens"  # the context models are loaded with (each capped at its own)
-MAX_DRAFT_LAYERS = 256  # the spin box's bound before a model says how many layers it has
-SPECULATION_DELAY_MS = 600  # spin-box changes settle this long before the generator is rebuilt
-SPECULATION_HELP = (
-    "Speculative decoding drafts a few tokens and lets the model check them in one step. Answers stay the "
-    "same; only the speed changes. N-gram drafts copy what followed the same words earlier in the chat: it "
-    "helps when answers repeat text (code, lists, quotes). A self-speculation draft runs only the model's first "
-    "layers; models not trained for it agree with it rarely, so it is mostly slower. Changing this stops "
-    "answers in progress."
-)
-
-
-def _same_path(a: str | Path | None, b: str | Path | None) -> bool:
-    if a is None or b is None:
-        return False
-    try:
-        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
-    except OSError:
-        return str(a) == str(b)
-
-
-def _describe(path: str) -> tuple[str, str]:
-    """(one line about a model: architecture, size, format; why it cannot be read, or ""); never raises."""
-    try:
-        info = model_info(path)
-    except Exception as e:  # a broken file is shown in the list, not raised: the user may fix or remove it
-        return "⚠ cannot be read (hover for why)", str(e)
-    return summary(info), ""
 
 
 def supported_text() -> str:
@@ -97,22 +56,6 @@ def supported_text() -> str:
     vision = set(vision_architectures())
     text = [a for a in supported_architectures() if a not in vision]
     return f"Runs text models: {', '.join(text)}.\nRuns vision models: {', '.join(sorted(vision))}."
-
-
-def _emit(signal, *args) -> None:
-    """Emit from a worker thread; the dialog may have been closed and deleted meanwhile."""
-    try:
-        signal.emit(*args)
-    except RuntimeError:  # the bridge's C++ object is gone: nobody is listening any more
-        log.info("download finished after its window closed")
-
-
-class _DownloadBridge(QObject):
-    """Carries a download worker's news to the GUI thread (signals emitted off-thread are queued)."""
-
-    progress = Signal(float)
-    finished = Signal(str, str)  # repo id, folder
-    failed = Signal(str, str)  # repo id, message
 
 
 class ModelManager(QDialog):
@@ -134,11 +77,10 @@ class ModelManager(QDialog):
         self.service = service
         self._pending: tuple[str, str] | None = None  # (path, name) of the load in flight
         self._fit_offer: tuple[str, int] | None = None  # (path, context) that fits, after a memory refusal
-        self._download: Future[Path] | None = None  # the download running (app.service.workers, LOADER)
         self.setWindowTitle("Models")
         self.resize(920, 780)
 
-        self.model_list = QListWidget()
+        self.model_list = ModelList()
         self.model_list.itemDoubleClicked.connect(self._on_double_click)
         self.model_list.currentItemChanged.connect(lambda *_: self._selection_changed())
         self.card = ModelCard(service)
@@ -191,8 +133,20 @@ class ModelManager(QDialog):
         fit_row.addWidget(self.fit_button)
         fit_row.addStretch(1)
         layout.addLayout(fit_row)
-        layout.addWidget(self._build_speculation_box())
-        layout.addWidget(self._build_download_box())
+        self.speculation_box = SpeculationBox(store, service, self)
+        # The boxes' widgets, by the names the dialog has always given them.
+        self.speculation_combo = self.speculation_box.combo
+        self.draft_layers_spin = self.speculation_box.layers_spin
+        self.speculation_label = self.speculation_box.label
+        layout.addWidget(self.speculation_box)
+        self.download_box = DownloadBox(self)
+        self.repo_edit = self.download_box.repo_edit
+        self.download_button = self.download_box.button
+        self.download_progress = self.download_box.progress
+        self.download_label = self.download_box.label
+        self.download_box.finished.connect(self._on_download_finished)
+        self.download_box.failed.connect(self.download_failed)
+        layout.addWidget(self.download_box)
 
         service.loading_started.connect(self._on_loading_started)
         service.loading_progress.connect(self._on_loading_progress)
@@ -206,109 +160,22 @@ class ModelManager(QDialog):
         if saved != service.speculation:  # the service was made without the saved setting: use it now
             self.set_speculation(saved)
 
-    def _build_speculation_box(self) -> QGroupBox:
-        box = QGroupBox("Speculative decoding")
-        self.speculation_combo = QComboBox()
-        for mode in MODES:
-            self.speculation_combo.addItem(MODE_LABELS[mode], mode)
-        self.draft_layers_spin = QSpinBox()
-        self.draft_layers_spin.setRange(1, MAX_DRAFT_LAYERS)
-        self.draft_layers_spin.setPrefix("first ")
-        self.draft_layers_spin.setSuffix(" layers")
-        self.draft_layers_spin.setToolTip(
-            "How many of the model's layers the draft runs (fewer: faster, less often right)"
-        )
-        self.speculation_label = QLabel()
-        self.speculation_label.setWordWrap(True)
-        help_label = QLabel(SPECULATION_HELP)
-        help_label.setWordWrap(True)
-        mark(help_label, "muted")
-        self._speculation_timer = QTimer(self)
-        self._speculation_timer.setSingleShot(True)
-        self._speculation_timer.setInterval(SPECULATION_DELAY_MS)
-        self._speculation_timer.timeout.connect(self._speculation_edited)
-        self._show_speculation(self.service.speculation)
-        self.speculation_combo.currentIndexChanged.connect(lambda _i: self._speculation_edited())
-        self.draft_layers_spin.valueChanged.connect(lambda _v: self._speculation_timer.start())
-        row = QHBoxLayout()
-        row.addWidget(self.speculation_combo, 1)
-        row.addWidget(self.draft_layers_spin)
-        layout = QVBoxLayout(box)
-        layout.addLayout(row)
-        layout.addWidget(self.speculation_label)
-        layout.addWidget(help_label)
-        return box
-
-    def _build_download_box(self) -> QGroupBox:
-        box = QGroupBox("Download from Hugging Face")
-        self.repo_edit = QLineEdit()
-        self.repo_edit.setPlaceholderText("repo id, e.g. HuggingFaceTB/SmolLM2-135M-Instruct")
-        self.repo_edit.returnPressed.connect(lambda: self.download(self.repo_edit.text()))
-        self.download_button = QPushButton("Download")
-        self.download_button.clicked.connect(lambda: self.download(self.repo_edit.text()))
-        self.download_progress = QProgressBar()
-        self.download_progress.setRange(0, PROGRESS_STEPS)
-        self.download_progress.hide()
-        self.download_label = QLabel("Needs an internet connection; the model is saved with your other models.")
-        self.download_label.setWordWrap(True)
-        row = QHBoxLayout()
-        row.addWidget(self.repo_edit, 1)
-        row.addWidget(self.download_button)
-        layout = QVBoxLayout(box)
-        layout.addLayout(row)
-        layout.addWidget(self.download_progress)
-        layout.addWidget(self.download_label)
-        self._bridge = _DownloadBridge(self)
-        self._bridge.progress.connect(self._on_download_progress)
-        self._bridge.finished.connect(self._on_download_finished)
-        self._bridge.failed.connect(self._on_download_failed)
-        return box
-
     # --- the list ------------------------------------------------------------------------------------------
 
     def refresh(self) -> None:
-        """Rebuild the list: the starter first, the bundled demo vision model (when present), then the
-        remembered models (newest last)."""
-        selected = self.selected_path()
-        self.model_list.clear()
-        loaded = self.service.model_path
-        starter = starter_path()
-        state = "downloaded" if starter.is_file() else "fetched from the Python package index when loaded"
-        self._add_item(f"{STARTER_NAME} (starter, {state})", str(starter), STARTER_KIND, loaded)
-        demo = demo_vision_path()
-        if (demo / "config.json").is_file():  # absent until the demo model is trained into assets/
-            self._add_item(DEMO_VISION_LABEL, str(demo), DEMO_KIND, loaded)
-        for entry in self.store.list_models():
-            if _same_path(entry.path, starter) or _same_path(entry.path, demo):
-                continue
-            about, problem = _describe(entry.path)
-            self._add_item(f"{entry.name} [{entry.kind}] {about}", entry.path, entry.kind, loaded, problem)
-        self.select_path(selected or (str(loaded) if loaded else None))
+        """Rebuild the list (the starter, the demo vision model, the remembered models) and the card."""
+        self.model_list.refresh(self.store, self.service.model_path)
         self._selection_changed()
-
-    def _add_item(self, text: str, path: str, kind: str, loaded, problem: str = "") -> None:
-        if _same_path(path, loaded):
-            text = "● " + text
-        item = QListWidgetItem(text)
-        item.setToolTip(f"{path}\n{problem}" if problem else path)
-        item.setData(_PATH_ROLE, path)
-        item.setData(_KIND_ROLE, kind)
-        self.model_list.addItem(item)
 
     def paths(self) -> list[str]:
         """The paths listed, starter first."""
-        return [self.model_list.item(i).data(_PATH_ROLE) for i in range(self.model_list.count())]
+        return self.model_list.paths()
 
     def selected_path(self) -> str | None:
-        item = self.model_list.currentItem()
-        return item.data(_PATH_ROLE) if item is not None else None
+        return self.model_list.selected_path()
 
     def select_path(self, path: str | Path | None) -> bool:
-        for i in range(self.model_list.count()):
-            if _same_path(self.model_list.item(i).data(_PATH_ROLE), path):
-                self.model_list.setCurrentRow(i)
-                return True
-        return False
+        return self.model_list.select_path(path)
 
     def _selection_changed(self) -> None:
         self._update_buttons()
@@ -336,7 +203,7 @@ class ModelManager(QDialog):
     def _update_buttons(self) -> None:
         item = self.model_list.currentItem()
         self.load_button.setEnabled(item is not None)
-        self.remove_button.setEnabled(item is not None and item.data(_KIND_ROLE) not in (STARTER_KIND, DEMO_KIND))
+        self.remove_button.setEnabled(item is not None and item.data(KIND_ROLE) not in (STARTER_KIND, DEMO_KIND))
 
     # --- adding and removing -----------------------------------------------------------------------------
 
@@ -387,8 +254,8 @@ class ModelManager(QDialog):
         self.load(path)
 
     def _on_double_click(self, item: QListWidgetItem) -> None:
-        path = item.data(_PATH_ROLE)
-        if _same_path(path, self.service.model_path):  # a double-click is "use this one", never "reload"
+        path = item.data(PATH_ROLE)
+        if same_path(path, self.service.model_path):  # a double-click is "use this one", never "reload"
             self.clear_error()
             self.status_label.setText(f"{self.service.model_name} is already loaded.")
             return
@@ -401,23 +268,23 @@ class ModelManager(QDialog):
         path = str(path)
         context = context_length or self._context_for(path)
         self.clear_error()
-        if self._pending is not None and _same_path(self._pending[0], path):
+        if self._pending is not None and same_path(self._pending[0], path):
             self.status_label.setText(f"{self._pending[1]} is loading already.")
             return
-        if _same_path(path, self.service.model_path) and context in (
+        if same_path(path, self.service.model_path) and context in (
             self.service.context_request,
             self.service.context_length,
         ):
             self.status_label.setText(f"{self.service.model_name} is already loaded.")
             return
-        if _same_path(path, starter_path()):
+        if same_path(path, starter_path()):
             self._pending = (path, STARTER_NAME)
             self.service.fetch_and_load_starter(context)
             return
-        if _same_path(path, demo_vision_path()):
+        if same_path(path, demo_vision_path()):
             name = DEMO_VISION_NAME  # bundled: loads from disk, no network
         else:
-            name = next((e.name for e in self.store.list_models() if _same_path(e.path, path)), None)
+            name = next((e.name for e in self.store.list_models() if same_path(e.path, path)), None)
         self._pending = (path, name or model_display_name(path))
         self.service.load_model(path, name, context)
 
@@ -458,55 +325,17 @@ class ModelManager(QDialog):
         self.progress_bar.hide()
         self.status_label.setText(f"Loaded: {name}")
         self.refresh()
-        self._show_speculation(self.service.speculation)
+        self.speculation_box.show_speculation(self.service.speculation)
 
     # --- speculation ---------------------------------------------------------------------------------------
 
     def speculation(self) -> Speculation:
         """The speculation the widgets show (the layer count is the service's unless a draft is chosen)."""
-        mode = self.speculation_combo.currentData()
-        # The spin box is bounded by the loaded model: only a chosen draft takes its value, so choosing
-        # n-gram on a shallow model does not overwrite the layer count saved for deeper ones.
-        layers = self.draft_layers_spin.value() if mode == "draft" else self.service.speculation.draft_layers
-        return Speculation(mode, layers)
+        return self.speculation_box.speculation()
 
     def set_speculation(self, speculation: Speculation) -> asyncio.Task[bool]:
         """Save `speculation`, show it, and have the service use it (returns the service's task)."""
-        self._speculation_timer.stop()
-        save_speculation(self.store, speculation)
-        self._show_speculation(speculation)
-        task = self.service.set_speculation(speculation)
-        if self.service.is_loaded:
-            self.speculation_label.setText("Applying…")
-        task.add_done_callback(lambda _t: self._show_status())
-        return task
-
-    def _speculation_edited(self) -> None:
-        wanted = self.speculation()
-        if wanted != self.service.speculation:
-            self.set_speculation(wanted)
-
-    def _show_speculation(self, speculation: Speculation) -> None:
-        """Put `speculation` in the widgets without treating it as an edit."""
-        model = self.service.model
-        top = num_layers(model) - 1 if model is not None else MAX_DRAFT_LAYERS
-        for widget in (self.speculation_combo, self.draft_layers_spin):
-            widget.blockSignals(True)
-        self.speculation_combo.setCurrentIndex(MODES.index(speculation.mode))
-        self.draft_layers_spin.setRange(1, max(1, top))
-        self.draft_layers_spin.setValue(min(speculation.draft_layers, max(1, top)))
-        self.draft_layers_spin.setEnabled(speculation.mode == "draft" and top >= 1)
-        for widget in (self.speculation_combo, self.draft_layers_spin):
-            widget.blockSignals(False)
-        self._show_status()
-
-    def _show_status(self) -> None:
-        status = self.service.speculation_status()
-        where = f" for {self.service.model_name}." if self.service.is_loaded else "; applies when a model is loaded."
-        try:
-            self.speculation_label.setText(status[0].upper() + status[1:] + where)
-        except RuntimeError:  # the dialog was deleted while the service applied the setting
-            pass
+        return self.speculation_box.set_speculation(speculation)
 
     def _on_load_failed(self, message: str) -> None:
         path = self._pending[0] if self._pending else None
@@ -519,7 +348,7 @@ class ModelManager(QDialog):
         self.show_error(prefix + message + kept)
         self.status_label.setText(f"Loaded: {self.service.model_name}" if self.service.is_loaded else "")
         offer, self._fit_offer = self._fit_offer, None
-        if offer is not None and _same_path(offer[0], path):
+        if offer is not None and same_path(offer[0], path):
             self._fit_offer = offer
             self.fit_button.setText(f"Load with a {offer[1]:,}-token context")
             self.fit_button.show()
@@ -538,53 +367,13 @@ class ModelManager(QDialog):
     # --- downloading ---------------------------------------------------------------------------------------
 
     def is_downloading(self) -> bool:
-        return self._download is not None and not self._download.done()
+        return self.download_box.is_downloading()
 
     def download(self, repo_id: str) -> None:
-        """Download a Hugging Face repo into the models folder on a worker thread, then remember it."""
-        repo_id = repo_id.strip()
-        if not repo_id:
-            self._set_download_message("Write the model's repo id first, as owner/name.", error=True)
-            return
-        if self.is_downloading():
-            self._set_download_message("A download is already running; wait for it to finish.", error=True)
-            return
-        dest = models_dir()  # download_from_hub adds the <owner>--<name> folder itself
-        self.download_button.setEnabled(False)
-        self.download_progress.setValue(0)
-        self.download_progress.show()
-        self._set_download_message(f"Downloading {repo_id}…")
-        bridge = self._bridge
-
-        def done(future: Future[Path]) -> None:  # on the download's thread: the bridge carries it to the GUI
-            error = future.exception()
-            if error is not None:  # every failure becomes a message in the window; the app keeps running
-                log.info("download of %s failed: %s", repo_id, error)
-                _emit(bridge.failed, repo_id, str(error) or type(error).__name__)
-            else:
-                _emit(bridge.finished, repo_id, str(future.result()))
-
-        # A daemon thread (LOADER): quitting while a model downloads must not wait for it.
-        self._download = submit(download_from_hub, repo_id, dest, lambda f: _emit(bridge.progress, f), pool=LOADER)
-        self._download.add_done_callback(done)
-
-    def _on_download_progress(self, fraction: float) -> None:
-        self.download_progress.setValue(round(max(0.0, min(1.0, fraction)) * PROGRESS_STEPS))
+        """Download a Hugging Face repo into the models folder on a worker thread, then remember and load it."""
+        self.download_box.download(repo_id)
 
     def _on_download_finished(self, repo_id: str, folder: str) -> None:
-        self.download_button.setEnabled(True)
-        self.download_progress.hide()
-        self._set_download_message(f"Downloaded {repo_id} to {folder}.")
         if self.add_model(folder, name=repo_id, kind="hub") is not None:
             self.load(folder)  # the user asked for this model: use it
         self.download_finished.emit(folder)
-
-    def _on_download_failed(self, repo_id: str, message: str) -> None:
-        self.download_button.setEnabled(True)
-        self.download_progress.hide()
-        self._set_download_message(message, error=True)
-        self.download_failed.emit(message)
-
-    def _set_download_message(self, text: str, error: bool = False) -> None:
-        self.download_label.setText(text)
-        mark(self.download_label, "error" if error else None)

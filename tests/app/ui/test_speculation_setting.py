@@ -17,7 +17,8 @@ from app.service import EngineService
 from app.service.speculation import SETTING_KEY, Speculation
 from app.store import Store
 from app.ui.chat_tab import ChatTab
-from app.ui.model_manager import SPECULATION_DELAY_MS, ModelManager
+from app.ui.model_manager import ModelManager
+from app.ui.speculation_box import SPECULATION_DELAY_MS
 
 
 async def load(svc: EngineService, folder) -> bool:

@@ -1,0 +1,199 @@
+"""One column of the compare view: its settings, its streamed answer and its numbers; and ColumnAnswer, a
+column's answer from the moment it is asked for (started in column order, so the first prefills the shared
+prompt and the later ones reuse its pages)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFrame, QLabel, QPlainTextEdit, QSplitter, QVBoxLayout, QWidget
+
+from app.service.answer_stats import tokens_per_second
+from app.service.backend import AnswerJob
+from app.service.generation import complete_settings, sampler_part
+from app.ui.sampler_panel import SamplerPanel
+
+ERROR_STYLE = "color: #b00020;"
+_EOS_WORDS = {"stop_token": "done", "stop_string": "stop string", "max_new_tokens": "length limit"}
+
+
+class CompareColumn(QFrame):
+    """One column: its settings (a SamplerPanel), the streamed text, and the numbers of its last run."""
+
+    def __init__(self, index: int, store, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.index = index
+        self.store = store
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.title = QLabel(f"<b>Column {index + 1}</b>")
+        self.panel = SamplerPanel(store)
+        self.output = QPlainTextEdit()
+        self.output.setReadOnly(True)
+        self.output.setPlaceholderText("The answer streams here.")
+        self.stats_label = QLabel("—")
+        self.stats_label.setWordWrap(True)
+        self.stats_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        # Settings above, answer below; the user drags the handle to see more of either.
+        self.splitter = QSplitter(Qt.Orientation.Vertical)
+        self.splitter.setChildrenCollapsible(False)
+        self.splitter.addWidget(self.panel)
+        self.splitter.addWidget(self.output)
+        self.splitter.setSizes([260, 340])
+        self.panel.settings_changed.connect(lambda _settings: self._show_preset())
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)
+        layout.addWidget(self.title)
+        layout.addWidget(self.splitter, 1)
+        layout.addWidget(self.stats_label)
+        self.reset()
+
+    def reset(self) -> None:
+        self.text = ""
+        self.stats: dict[str, Any] = {}
+        self.run_settings: dict[str, Any] = {}  # what the last run used, seed resolved
+        self.num_tokens = 0
+        self.first_token_at: float | None = None  # perf_counter on the GUI thread, for the live tok/s
+        self.last_token_at: float | None = None
+        self.complete = False
+        self.error: str | None = None
+
+    # --- settings ------------------------------------------------------------------------------------------
+
+    def settings(self) -> dict:
+        """The panel's settings dict: every sampler field, "seed" (None = random) and "max_new_tokens"."""
+        return self.panel.settings()
+
+    def set_settings(self, settings: dict) -> None:
+        """Show a settings dict (a preset's or a saved column's); missing fields take the defaults."""
+        values = complete_settings(settings)
+        if "seed" not in settings:
+            values["seed"] = self.panel.settings()["seed"]
+        if "max_new_tokens" not in settings:
+            values["max_new_tokens"] = self.panel.settings()["max_new_tokens"]
+        self.panel.set_settings(values)
+        self._show_preset()
+
+    def preset_name(self) -> str:
+        """The preset whose sampler fields equal this column's, or "custom"."""
+        mine = sampler_part(self.settings())
+        for preset in self.store.list_presets():
+            if sampler_part(preset.settings) == mine:
+                return preset.name
+        return "custom"
+
+    def _show_preset(self) -> None:
+        # The panel's combo is a chooser; here it also tells which preset a column runs.
+        combo = self.panel.preset_combo
+        combo.setCurrentIndex(max(0, combo.findData(self.preset_name())))
+
+    # --- a run ---------------------------------------------------------------------------------------------
+
+    def begin(self, run_settings: dict) -> None:
+        self.reset()
+        self.run_settings = run_settings
+        self.output.clear()
+        self.stats_label.setStyleSheet("")
+        self.stats_label.setText(f"seed {run_settings.get('seed')} · waiting for the prompt…")
+
+    def add_result(self, result: dict) -> None:
+        """Take one streaming result: append its text, count its tokens, refresh the live numbers."""
+        text = result.get("text", "")
+        ids = result.get("token_ids")
+        n = int(ids.shape[-1]) if ids is not None else 0
+        now = time.perf_counter()
+        if n:
+            if self.first_token_at is None:
+                self.first_token_at = now
+            self.last_token_at = now
+        self.num_tokens += n
+        if text:
+            self.text += text
+            cursor = self.output.textCursor()
+            cursor.movePosition(cursor.MoveOperation.End)
+            cursor.insertText(text)
+            self.output.setTextCursor(cursor)
+        elapsed = now - self.first_token_at if self.first_token_at is not None else 0.0
+        live = tokens_per_second(self.num_tokens, elapsed)
+        rate = f"{live:.1f} tok/s · " if live is not None else ""
+        self.stats_label.setText(f"{rate}{self.num_tokens} tokens · streaming")
+
+    def finish(self, result: dict) -> None:
+        """The job's last result: keep the engine's numbers for this column."""
+        generate_s = float(result.get("time_generate", 0.0))
+        new_tokens = int(result.get("new_tokens", self.num_tokens))
+        self.stats = {
+            "new_tokens": new_tokens,
+            "prompt_tokens": int(result.get("prompt_tokens", 0)),
+            "cached_tokens": int(result.get("cached_tokens", 0)),
+            "tokens_per_second": tokens_per_second(new_tokens, generate_s),
+            "time_prefill": float(result.get("time_prefill", 0.0)),
+            "time_generate": generate_s,
+            "eos_reason": result.get("eos_reason"),
+        }
+        self.complete = True
+        self._show_stats()
+
+    def stopped(self) -> None:
+        """The job ended without a final result: Stop, a model switch, or the service closing."""
+        self.stats = {"new_tokens": self.num_tokens, "eos_reason": "stopped"}
+        self._show_stats()
+
+    def fail(self, message: str) -> None:
+        self.error = message
+        self.stats = {"new_tokens": self.num_tokens, "error": message}
+        self.stats_label.setStyleSheet(ERROR_STYLE)
+        self.stats_label.setText(message)
+
+    def show_saved(self, text: str, settings: dict, stats: dict, complete: bool) -> None:
+        """Show a column of a saved comparison."""
+        self.reset()
+        self.text, self.stats, self.run_settings, self.complete = text, dict(stats), dict(settings), complete
+        self.num_tokens = int(stats.get("new_tokens", 0))
+        self.output.setPlainText(text)
+        self.set_settings(settings)
+        self._show_stats()
+
+    def _show_stats(self) -> None:
+        s = self.stats
+        parts = []
+        if s.get("tokens_per_second"):
+            parts.append(f"{s['tokens_per_second']:.1f} tok/s")
+        parts.append(f"{s.get('new_tokens', 0)} tokens")
+        if "cached_tokens" in s:
+            parts.append(f"{s['cached_tokens']} of {s.get('prompt_tokens', 0)} prompt tokens cached")
+        parts.append(f"seed {self.run_settings.get('seed')}")
+        if s.get("eos_reason"):
+            parts.append(_EOS_WORDS.get(s["eos_reason"], str(s["eos_reason"])))
+        self.stats_label.setStyleSheet("")
+        self.stats_label.setText(" · ".join(parts))
+
+
+class ColumnAnswer:
+    """One column's answer from the moment it is asked for: `started` (the backend building the prompt off
+    the GUI thread, then starting the job) resolves to its AnswerJob; `cancel()` stops it at either stage.
+
+    It starts once the column before it (`after`) has: the jobs reach the engine in column order, so the
+    first column prefills the shared prompt and the later ones find its pages (their `cached_tokens`).
+    """
+
+    def __init__(self, start: Callable[[], Coroutine[Any, Any, AnswerJob]], after: ColumnAnswer | None = None):
+        self.started: asyncio.Task[AnswerJob] = asyncio.ensure_future(self._start(start, after))
+
+    @staticmethod
+    async def _start(start: Callable[[], Coroutine[Any, Any, AnswerJob]], after: ColumnAnswer | None) -> AnswerJob:
+        if after is not None:
+            await asyncio.wait({after.started})  # its outcome is its own; this column starts either way
+        return await start()
+
+    async def cancel(self) -> None:
+        if not self.started.done():
+            self.started.cancel()
+        try:
+            job = await self.started
+        except BaseException:  # cancelled or never started: nothing runs
+            return
+        await job.cancel()
