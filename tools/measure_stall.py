@@ -4,7 +4,7 @@
 
 Real widgets on a real qasync loop, no model: each of `--tabs` MessageViews (all shown at once, 2 by 2, the
 harsher case, since every one of them lays out and paints) holds a user message and an assistant
-MessageWidget that streams. One asyncio task per view appends one chunk every `--interval-ms` and calls
+MessageWidget that streams (--in-tabs: pages of one QTabWidget, as the window's chats). One asyncio task per view appends one chunk every `--interval-ms` and calls
 set_text with the whole text so far, as ChatTab._run does for each engine result. The answer is about
 `--tokens` chunks of Markdown (headings, a poem with single line breaks, nested lists, tables, inline and
 fenced code, links), cut the way a BPE tokenizer cuts English: a word piece of up to 4 letters with its
@@ -93,24 +93,31 @@ async def _stream(widget, pieces: list[str], interval_s: float) -> None:
     widget.set_streaming(False)
 
 
-def measure(num_tabs: int, num_tokens: int, interval_ms: float) -> dict[str, float]:
-    """Stream `num_tabs` answers of `num_tokens` chunks at once; return the probe's gap statistics (ms)."""
+def measure(num_tabs: int, num_tokens: int, interval_ms: float, tabs: bool = False) -> dict[str, float]:
+    """Stream `num_tabs` answers of `num_tokens` chunks at once; return the probe's gap statistics (ms).
+
+    tabs: the views are pages of a QTabWidget (the main window's chats, one shown) instead of a grid (all
+    shown, as the compare view's columns are).
+    """
     import qasync
     from PySide6.QtCore import QTimer
-    from PySide6.QtWidgets import QApplication, QGridLayout, QWidget
+    from PySide6.QtWidgets import QApplication, QGridLayout, QTabWidget, QWidget
 
     from app.ui.message_view import MessageView, MessageWidget
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     loop = qasync.QEventLoop(app)
-    window = QWidget()
-    grid = QGridLayout(window)
+    window = QTabWidget() if tabs else QWidget()
+    grid = None if tabs else QGridLayout(window)
     answers = []
     for i in range(num_tabs):
         view = MessageView()
         view.add_message(MessageWidget(2 * i, "user", "Explain the cache, with a table, a poem and some code."))
         answers.append(view.add_message(MessageWidget(2 * i + 1, "assistant", "")))
-        grid.addWidget(view, i // 2, i % 2)
+        if grid is None:
+            window.addTab(view, f"chat {i + 1}")
+        else:
+            grid.addWidget(view, i // 2, i % 2)
     window.resize(1400, 900)
     window.show()
     pieces = markdown_answer(num_tokens)
@@ -165,10 +172,11 @@ def main() -> None:
     parser.add_argument("--tabs", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=2000)
     parser.add_argument("--interval-ms", type=float, default=15.0, help="time between one view's chunks")
+    parser.add_argument("--in-tabs", action="store_true", help="views as tabs, one shown (default: a grid)")
     args = parser.parse_args()
-    r = measure(args.tabs, args.tokens, args.interval_ms)
+    r = measure(args.tabs, args.tokens, args.interval_ms, args.in_tabs)
     print(
-        f"{args.tabs} views x {args.tokens} chunks ({r['chars']} chars of Markdown each), one every "
+        f"{args.tabs} views {'in tabs' if args.in_tabs else 'in a grid'} x {args.tokens} chunks ({r['chars']} chars of Markdown each), one every "
         f"{args.interval_ms:g} ms per view, streamed in {r['elapsed_s']:.1f} s; probe every {PROBE_MS} ms, "
         f"{r['ticks']} ticks: worst stall {r['worst_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, "
         f"median {r['median_ms']:.1f} ms (the worst {r['worst_at_s']:.1f} s in); the most CPU the GUI thread "

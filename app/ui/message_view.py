@@ -88,9 +88,13 @@ class _RenderQueue:
     def _render_next(self) -> None:
         while self._pending:
             widget = self._pending.pop(0)
-            if isValid(widget):  # a message removed while it waited is not rendered
-                widget._render()
-                break
+            if not isValid(widget):  # a message removed while it waited is not rendered
+                continue
+            if widget.window().isVisible() and not widget.isVisible():  # a background tab: rendered when shown
+                widget._stale = True
+                continue
+            widget._render()
+            break
         if self._pending and self._timer is not None:
             self._timer.start()
 
@@ -154,6 +158,7 @@ class MessageWidget(QFrame):
         self.role = role
         self._text = text
         self._streaming = False
+        self._stale = False  # the text changed while the message was hidden; render when shown
         self._render_timer = QTimer(self)
         self._render_timer.setSingleShot(True)
         self._render_timer.setInterval(RENDER_INTERVAL_MS)
@@ -260,7 +265,13 @@ class MessageWidget(QFrame):
     def copy_text(self) -> None:
         QGuiApplication.clipboard().setText(self._text)
 
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().showEvent(event)
+        if self._stale:
+            self._render()
+
     def _render(self) -> None:
+        self._stale = False
         started = time.perf_counter()
         if self.role == "user":
             self.body.setPlainText(self._text)  # what the user typed, exactly

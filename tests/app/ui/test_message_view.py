@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, Qt, QUrl, Slot
 from PySide6.QtGui import QDesktopServices, QGuiApplication
-from PySide6.QtWidgets import QApplication, QWidget
+from PySide6.QtWidgets import QApplication, QTabWidget, QWidget
 from shiboken6 import delete
 
-from app.ui.message_view import MessageWidget, format_stats
+from app.ui.message_view import RENDER_INTERVAL_MS, MessageWidget, format_stats
 from app.ui.rich_text import code_blocks, markdown_to_html, split_fences
 
 ANSWER = """Here is **the** function:
@@ -164,10 +164,12 @@ def test_streaming_and_final_renders_go_through_the_queue(qtbot):
     widgets = [MessageWidget(10 + i, "assistant", "") for i in range(3)]
     for widget in widgets:
         qtbot.addWidget(widget)
+        widget.show()
         widget.set_streaming(True)
         widget.set_text(f"answer {widget.message_id}: **bold**")
     qtbot.waitUntil(lambda: all("bold" in w.body.toPlainText() for w in widgets), timeout=2000)
     gone = MessageWidget(20, "assistant", "")
+    gone.show()
     gone.set_streaming(True)
     gone.set_text("removed before its render")
     for widget in [gone, *widgets]:
@@ -177,3 +179,24 @@ def test_streaming_and_final_renders_go_through_the_queue(qtbot):
     assert not any("line two" in w.body.toPlainText() for w in widgets)
     qtbot.waitUntil(lambda: all("line two" in w.body.toPlainText() for w in widgets), timeout=2000)
     assert all(w.body.toPlainText().endswith("bold\nline two") for w in widgets)
+
+
+def test_a_hidden_message_renders_when_shown(qtbot):
+    # a chat in a background tab streams too; its renders wait until it is shown
+    tabs = QTabWidget()
+    qtbot.addWidget(tabs)
+    front, back = MessageWidget(30, "assistant", ""), MessageWidget(31, "assistant", "")
+    tabs.addTab(front, "front")
+    tabs.addTab(back, "back")
+    tabs.show()
+    for widget in (front, back):
+        widget.set_streaming(True)
+        widget.set_text("**streamed** text")
+    qtbot.waitUntil(lambda: front.body.toPlainText() == "streamed text", timeout=2000)
+    qtbot.wait(3 * RENDER_INTERVAL_MS)
+    assert back.body.toPlainText() != "streamed text" and back.text == "**streamed** text"
+    back.set_streaming(False)
+    qtbot.wait(50)
+    assert back.body.toPlainText() != "streamed text"
+    tabs.setCurrentWidget(back)
+    assert back.body.toPlainText() == "streamed text"
