@@ -12,7 +12,14 @@ from engine.gguf_file import GGUFFile
 
 # GGUF `general.architecture` -> the Hugging Face class name the engine's registry knows.
 # Mistral GGUFs say "llama": llama.cpp converts them with the Llama converter.
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# qwen2vl: Qwen2-VL's language model, a Qwen2 whose M-RoPE sections (`rope.dimension_sections`) only matter
+# beside images; as a text model (all three positions equal) it is a Qwen2. engine/loading/mmproj.py pairs it.
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen2vl": "Qwen2ForCausalLM",
+}
 
 
 def read_gguf_config(file: GGUFFile) -> ModelConfig:

@@ -6,8 +6,8 @@ model with the reason.
 
 Families the converter or Tandem's text GGUF reader cannot take are skipped by name with the reason (see
 README, "Vision from GGUF"): LLaVA (its --mmproj reads only Pixtral towers, CLIP and SigLIP are rejected),
-Gemma 3, Mistral 3 and Qwen2-VL (text GGUF architectures gemma3 / mistral3 / qwen2vl, which Tandem's GGUF reader
-does not run).
+Gemma 3 and Mistral 3 (text GGUF architectures gemma3 / mistral3, which Tandem's GGUF reader does not run), and
+Qwen2.5-VL (its projector is not mapped yet).
 """
 
 from __future__ import annotations
@@ -174,15 +174,40 @@ def build_pixtral(folder: Path, tokenizer_json: Path) -> None:
     )
 
 
-BUILDERS = {"idefics3": build_idefics3, "pixtral": build_pixtral}
+def build_qwen2_vl(folder: Path, tokenizer_json: Path) -> None:
+    """Qwen2-VL in small: 4-pixel patches merged 2x2, M-RoPE sections [2, 3, 3] with a small theta so positions
+    matter, transformers' default pixel limits (the mmproj has none). Three tower layers, as for Pixtral."""
+    tok = _fast_tokenizer(tokenizer_json, ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"])
+    tok.save_pretrained(folder)
+    transformers.Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2).save_pretrained(folder)
+    text = {
+        **_text_config(tok, tied=False).to_dict(),
+        "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 100.0},
+    }
+    ids = {
+        f"{name}_token_id": tok.convert_tokens_to_ids(token)
+        for name, token in [("image", "<|image_pad|>"), ("video", "<|video_pad|>")]
+        + [("vision_start", "<|vision_start|>"), ("vision_end", "<|vision_end|>")]
+    }
+    vision = dict(depth=3, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=4, initializer_range=0.1)
+    config = transformers.Qwen2VLConfig(text_config=text, vision_config=vision, **ids)
+    torch.manual_seed(7)
+    hf = transformers.Qwen2VLForConditionalGeneration(config).eval()
+    with torch.no_grad():  # norms start at exactly 1: make them matter too
+        for name, p in hf.named_parameters():
+            if "norm" in name or "ln_q" in name:
+                p.normal_(1.0, 0.3)
+    hf.save_pretrained(folder)
+
+
+BUILDERS = {"idefics3": build_idefics3, "pixtral": build_pixtral, "qwen2_vl": build_qwen2_vl}
 SKIPPED = {
     "llava": "llama.cpp 0.3.36's convert_hf_to_gguf.py --mmproj reads LlavaForConditionalGeneration only with a "
     "Pixtral tower; CLIP and SigLIP towers are rejected ('Unsupported model type')",
     "gemma3": "the text GGUF is llama.cpp's 'gemma3' architecture, which Tandem's GGUF reader does not run yet",
     "mistral3": "the text GGUF is llama.cpp's 'mistral3' architecture, which Tandem's GGUF reader does not run "
     "yet (Pixtral-12B's layout, LLaVA with a Pixtral tower, is tested as 'pixtral')",
-    "qwen2_vl": "the text GGUF is llama.cpp's 'qwen2vl' architecture (M-RoPE sections), which Tandem's GGUF "
-    "reader does not run yet",
+    "qwen2_5_vl": "its projector (qwen25vl_merger: window attention, RMSNorm, gated MLP) is not mapped yet",
 }
 
 
@@ -223,7 +248,8 @@ def test_image_rows_match_the_folder(pair, size):
 
 def _greedy(model, img) -> list[int]:
     emb = model.vision.get_image_embeddings(image=img)
-    text = f"<|im_start|>User:{emb.text_alias}What is in the picture?<|im_end|>\nAssistant:"
+    image = getattr(emb, "prompt_text", emb.text_alias)  # Qwen2-VL wraps its run in vision start / end tokens
+    text = f"<|im_start|>User:{image}What is in the picture?<|im_end|>\nAssistant:"
     ids = model.tokenizer.encode(text, encode_special_tokens=True, embeddings=[emb])
     job = DynamicJob(ids, 24, gen_settings=SamplerSettings.greedy(), identifier="a", embeddings=[emb])
     gen = DynamicGenerator(model, Cache(model, max_seq_len=512, page_size=8), model.tokenizer)
@@ -278,7 +304,10 @@ def _copy_with(src: Path, dst: Path, add_tensors: dict[str, np.ndarray] | None =
 @pytest.mark.parametrize(
     "changes, words",
     [
-        ({"clip.projector_type": "cogvlm"}, ["'cogvlm' projector", "Supported projector types: idefics3, pixtral"]),
+        (
+            {"clip.projector_type": "cogvlm"},
+            ["'cogvlm' projector", "Supported projector types: idefics3, pixtral, qwen2vl_merger"],
+        ),
         ({"clip.vision.projection_dim": 4096}, ["width 4096", "64 wide", "belongs to another model"]),
     ],
 )
@@ -302,7 +331,7 @@ def test_a_text_file_without_the_image_token_is_named(pair, tmp_path):
         tmp_path / "text.gguf",
         **{
             "tokenizer.ggml.tokens": [
-                t if t not in ("<image>", "[IMG]") else "<img>" for t in _tokens(folder / "text.gguf")
+                t if t not in ("<image>", "[IMG]", "<|image_pad|>") else "<img>" for t in _tokens(folder / "text.gguf")
             ]
         },
     )
