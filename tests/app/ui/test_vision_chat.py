@@ -21,7 +21,7 @@ from PySide6.QtGui import QDropEvent
 
 from app.service import EngineService
 from app.service.catalog import demo_vision_path
-from app.ui import model_manager
+from app.ui import model_list, model_manager
 from engine.vision.prompt import user_message
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -225,6 +225,7 @@ def test_model_manager_lists_the_bundled_demo_second_and_loads_it_offline(
         demo = tmp_path / "assets" / "demo-vision"
         shutil.copytree(tiny_llava_folder, demo)
         monkeypatch.setattr(model_manager, "demo_vision_path", lambda: demo)
+        monkeypatch.setattr(model_list, "demo_vision_path", lambda: demo)  # the list's own lookup
     # No network: a Hub or package-index fetch would fail at once.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
@@ -248,7 +249,7 @@ def test_model_manager_lists_the_bundled_demo_second_and_loads_it_offline(
         assert manager.paths().count(str(demo)) == 1
 
         # Absent (not trained into this checkout): simply not listed.
-        monkeypatch.setattr(model_manager, "demo_vision_path", lambda: tmp_path / "nowhere")
+        monkeypatch.setattr(model_list, "demo_vision_path", lambda: tmp_path / "nowhere")
         manager.refresh()
         assert len(manager.paths()) == 2 and "Demo vision" not in manager.model_list.item(1).text()
     finally:
