@@ -193,7 +193,20 @@ _QWEN2_VL_BLOCK = {
 }
 
 
-def _qwen2_vl(meta: dict[str, Any], raw: Tensors, text_meta: dict[str, Any], source: str):
+# Qwen2.5-VL's blocks: RMSNorm (weights only) and a gated MLP with biases.
+_QWEN2_5_VL_BLOCK = {
+    **_QWEN2_VL_BLOCK,
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def _qwen2_5_vl(meta: dict[str, Any], raw: Tensors, text_meta: dict[str, Any], source: str):
+    return _qwen2_vl(meta, raw, text_meta, source, is_v2_5=True)
+
+
+def _qwen2_vl(meta: dict[str, Any], raw: Tensors, text_meta: dict[str, Any], source: str, is_v2_5: bool = False):
     from engine.models.qwen2_vl.processor import Qwen2VLImageProcessor
 
     raw = dict(raw)
@@ -209,16 +222,32 @@ def _qwen2_vl(meta: dict[str, Any], raw: Tensors, text_meta: dict[str, Any], sou
     # from the tensor shapes (the merger's first layer takes merge**2 patches).
     mlp_width = raw["v.blk.0.ffn_up.weight"].shape[0]
     merge = round((raw["mm.0.weight"].shape[1] // embed_dim) ** 0.5)
+    depth = meta["clip.vision.block_count"]
     vision = {
-        "depth": meta["clip.vision.block_count"],
-        "embed_dim": embed_dim,
-        "hidden_size": meta["clip.vision.projection_dim"],
+        "depth": depth,
         "num_heads": meta["clip.vision.attention.head_count"],
-        "mlp_ratio": mlp_width / embed_dim,
         "patch_size": meta["clip.vision.patch_size"],
         "spatial_merge_size": merge,
         "temporal_patch_size": len(frames),
     }
+    if is_v2_5:
+        # Every n_wa_pattern-th layer attends to the whole image, the others within windows; the window side
+        # is not in the file: transformers' (and every released Qwen2.5-VL's) 112 pixels.
+        every = meta["clip.vision.n_wa_pattern"]
+        vision |= {
+            "hidden_size": embed_dim,
+            "intermediate_size": mlp_width,
+            "out_hidden_size": meta["clip.vision.projection_dim"],
+            "hidden_act": "silu" if meta.get("clip.use_silu") else "gelu",
+            "fullatt_block_indexes": list(range(every - 1, depth, every)),
+            "window_size": 112,
+        }
+    else:  # Qwen2-VL names the tower width embed_dim and its output hidden_size
+        vision |= {
+            "embed_dim": embed_dim,
+            "hidden_size": meta["clip.vision.projection_dim"],
+            "mlp_ratio": mlp_width / embed_dim,
+        }
     sections = text_meta.get("qwen2vl.rope.dimension_sections")
     if not isinstance(sections, list):
         raise MmprojError(
@@ -243,7 +272,8 @@ def _qwen2_vl(meta: dict[str, Any], raw: Tensors, text_meta: dict[str, Any], sou
         "mm.2.weight": "visual.merger.mlp.2.weight",
         "mm.2.bias": "visual.merger.mlp.2.bias",
     }
-    tensors = {**joined, **rename(raw, names, _QWEN2_VL_BLOCK, "visual.blocks.", source)}
+    block = _QWEN2_5_VL_BLOCK if is_v2_5 else _QWEN2_VL_BLOCK
+    tensors = {**joined, **rename(raw, names, block, "visual.blocks.", source)}
     # Pixel limits are not in the file: transformers' defaults (llama.cpp picks its own).
     processor = Qwen2VLImageProcessor.from_dict(
         {
@@ -262,4 +292,5 @@ FAMILIES: dict[str, Family] = {
     "idefics3": Family("Idefics3ForConditionalGeneration", "<image>", _idefics3),
     "pixtral": Family("LlavaForConditionalGeneration", "[IMG]", _pixtral),
     "qwen2vl_merger": Family("Qwen2VLForConditionalGeneration", "<|image_pad|>", _qwen2_vl),
+    "qwen2.5vl_merger": Family("Qwen2_5_VLForConditionalGeneration", "<|image_pad|>", _qwen2_5_vl),
 }

@@ -6,8 +6,7 @@ model with the reason.
 
 Families the converter or Tandem's text GGUF reader cannot take are skipped by name with the reason (see
 README, "Vision from GGUF"): LLaVA (its --mmproj reads only Pixtral towers, CLIP and SigLIP are rejected),
-Gemma 3 and Mistral 3 (text GGUF architectures gemma3 / mistral3, which Tandem's GGUF reader does not run), and
-Qwen2.5-VL (its projector is not mapped yet).
+Gemma 3 and Mistral 3 (text GGUF architectures gemma3 / mistral3, which Tandem's GGUF reader does not run).
 """
 
 from __future__ import annotations
@@ -174,9 +173,11 @@ def build_pixtral(folder: Path, tokenizer_json: Path) -> None:
     )
 
 
-def build_qwen2_vl(folder: Path, tokenizer_json: Path) -> None:
+def build_qwen2_vl(folder: Path, tokenizer_json: Path, v2_5: bool = False) -> None:
     """Qwen2-VL in small: 4-pixel patches merged 2x2, M-RoPE sections [2, 3, 3] with a small theta so positions
-    matter, transformers' default pixel limits (the mmproj has none). Three tower layers, as for Pixtral."""
+    matter, transformers' default pixel limits (the mmproj has none). Three tower layers, as for Pixtral.
+    Qwen2.5-VL: full attention in layer 1 only, 112-pixel windows (the mmproj keeps no window size; 112 is every
+    released model's), so pictures over 112 pixels a side are cut into windows."""
     tok = _fast_tokenizer(tokenizer_json, ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"])
     tok.save_pretrained(folder)
     transformers.Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2).save_pretrained(folder)
@@ -189,10 +190,17 @@ def build_qwen2_vl(folder: Path, tokenizer_json: Path) -> None:
         for name, token in [("image", "<|image_pad|>"), ("video", "<|video_pad|>")]
         + [("vision_start", "<|vision_start|>"), ("vision_end", "<|vision_end|>")]
     }
-    vision = dict(depth=3, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=4, initializer_range=0.1)
-    config = transformers.Qwen2VLConfig(text_config=text, vision_config=vision, **ids)
+    if v2_5:
+        vision = dict(hidden_size=32, intermediate_size=48, out_hidden_size=64, window_size=112)
+        vision |= dict(fullatt_block_indexes=[1])
+        config_class, model_class = transformers.Qwen2_5_VLConfig, transformers.Qwen2_5_VLForConditionalGeneration
+    else:
+        vision = dict(embed_dim=32, hidden_size=64, mlp_ratio=2)
+        config_class, model_class = transformers.Qwen2VLConfig, transformers.Qwen2VLForConditionalGeneration
+    vision |= dict(depth=3, num_heads=2, patch_size=4, initializer_range=0.1)
+    config = config_class(text_config=text, vision_config=vision, **ids)
     torch.manual_seed(7)
-    hf = transformers.Qwen2VLForConditionalGeneration(config).eval()
+    hf = model_class(config).eval()
     with torch.no_grad():  # norms start at exactly 1: make them matter too
         for name, p in hf.named_parameters():
             if "norm" in name or "ln_q" in name:
@@ -200,14 +208,18 @@ def build_qwen2_vl(folder: Path, tokenizer_json: Path) -> None:
     hf.save_pretrained(folder)
 
 
-BUILDERS = {"idefics3": build_idefics3, "pixtral": build_pixtral, "qwen2_vl": build_qwen2_vl}
+BUILDERS = {
+    "idefics3": build_idefics3,
+    "pixtral": build_pixtral,
+    "qwen2_vl": build_qwen2_vl,
+    "qwen2_5_vl": lambda folder, tokenizer_json: build_qwen2_vl(folder, tokenizer_json, v2_5=True),
+}
 SKIPPED = {
     "llava": "llama.cpp 0.3.36's convert_hf_to_gguf.py --mmproj reads LlavaForConditionalGeneration only with a "
     "Pixtral tower; CLIP and SigLIP towers are rejected ('Unsupported model type')",
     "gemma3": "the text GGUF is llama.cpp's 'gemma3' architecture, which Tandem's GGUF reader does not run yet",
     "mistral3": "the text GGUF is llama.cpp's 'mistral3' architecture, which Tandem's GGUF reader does not run "
     "yet (Pixtral-12B's layout, LLaVA with a Pixtral tower, is tested as 'pixtral')",
-    "qwen2_5_vl": "its projector (qwen25vl_merger: window attention, RMSNorm, gated MLP) is not mapped yet",
 }
 
 
@@ -235,7 +247,7 @@ def picture(size: tuple[int, int], seed: int) -> Image.Image:
     return img
 
 
-@pytest.mark.parametrize("size", [(61, 40), (20, 14)])
+@pytest.mark.parametrize("size", [(61, 40), (20, 14), (250, 130)])
 def test_image_rows_match_the_folder(pair, size):
     from_folder, from_gguf, _ = pair
     assert type(from_gguf) is type(from_folder) and from_gguf.vision_error is None
@@ -306,7 +318,7 @@ def _copy_with(src: Path, dst: Path, add_tensors: dict[str, np.ndarray] | None =
     [
         (
             {"clip.projector_type": "cogvlm"},
-            ["'cogvlm' projector", "Supported projector types: idefics3, pixtral, qwen2vl_merger"],
+            ["'cogvlm' projector", "Supported projector types: idefics3, pixtral, qwen2.5vl_merger, qwen2vl_merger"],
         ),
         ({"clip.vision.projection_dim": 4096}, ["width 4096", "64 wide", "belongs to another model"]),
     ],
