@@ -81,10 +81,6 @@ class _RenderQueue:
             self._timer.timeout.connect(self._render_next)
         self._timer.start()
 
-    def discard(self, widget: MessageWidget) -> None:
-        if widget in self._pending:
-            self._pending.remove(widget)
-
     def _render_next(self) -> None:
         while self._pending:
             widget = self._pending.pop(0)
