@@ -17,50 +17,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import shiboken6
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QDragEnterEvent, QDropEvent, QImage
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (
-    QCheckBox,
-    QFileDialog,
-    QHBoxLayout,
-    QLabel,
-    QPlainTextEdit,
-    QProgressBar,
-    QPushButton,
-    QToolButton,
-    QVBoxLayout,
     QWidget,
 )
 
-from app.service.answer_stats import eos_stats
 from app.service.backend import (
-    AnswerJob,
     Backend,
-    ChatTemplateError,
-    ContextFull,
-    ImageError,
-    ModelSwapped,
-    user_message,
 )
-from app.service.generation import GenerationSettings, complete_settings, has_json_mode, with_json_mode
-from app.service.workers import PROMPT, in_worker
+from app.service.generation import complete_settings, has_json_mode, with_json_mode
 from app.store import StoreError
 from app.ui.answer_saves import RETRY_INTERVAL_MS, PendingSaves
-from app.ui.attachments import (
-    IMAGE_FILE_FILTER,
-    AttachmentError,
-    AttachmentStrip,
-    load_image_file_async,
-    load_qimage_async,
-)
-from app.ui.chat_input import ChatInput
-from app.ui.message_view import MessageView, MessageWidget
-from app.ui.tasks import spawn
+from app.ui.chat_answer import ChatAnswer, conversation
+from app.ui.chat_attaching import AttachingImages
+from app.ui.chat_tab_ui import build_chat_tab
+from app.ui.message_view import MessageWidget
 
 log = logging.getLogger(__name__)
 
@@ -69,21 +42,7 @@ DEFAULT_TITLE = "New chat"
 _TITLE_LENGTH = 48
 
 
-@dataclass
-class _Stream:
-    """What one running answer has produced so far."""
-
-    message_id: int
-    widget: MessageWidget
-    prompt_tokens: int  # the meter's last count until the backend says (None: it cannot count)
-    json_mode: bool = False
-    text: str = ""
-    num_tokens: int = 0
-    saved_text: str = ""
-    eos: dict[str, Any] = field(default_factory=dict)
-
-
-class ChatTab(QWidget):
+class ChatTab(AttachingImages, QWidget):
     """One open chat. `send()` / `stop()` / `regenerate()` / `begin_edit()` drive it; signals tell the window."""
 
     title_changed = Signal(int, str)
@@ -100,20 +59,17 @@ class ChatTab(QWidget):
         self.backend = backend  # read afresh for every answer and count: set_backend switches it
         self.chat = store.get_chat(chat_id)
         self.chat_id = chat_id
-        self._job: Any = None
-        self._task: asyncio.Task | None = None
-        self._stream: _Stream | None = None
-        self._stopping = False
-        self._preparing = False  # images are being embedded or the prompt built before the answer's job starts
-        self._meter_request = 0  # numbers context counts: only the newest one is shown
-        self._counted: int | None = 0  # the newest count shown (None: the backend cannot count)
         self._editing_id: int | None = None
         self._num_attaching = 0
         self.setAcceptDrops(True)
 
-        self._save_timer = QTimer(self)
-        self._save_timer.timeout.connect(self._save_partial)
         self._saves = PendingSaves(store, self, self.save_retry_ms)  # saves the store refused (a full disk)
+        self.answer = ChatAnswer(store, chat_id, self._saves, self._add_widget, lambda: self.save_interval_ms, self)
+        self.answer.began.connect(self._answer_began)
+        self.answer.chunk_received.connect(lambda chunk: self.chunk_received.emit(self.chat_id, chunk))
+        self.answer.tokens_used.connect(lambda used: self.context_meter.show_used(used, self.backend.context_length))
+        self.answer.ended.connect(self._answer_ended)
+        self.answer.model_swapped.connect(self._start_answer)
         self._saves.failed.connect(self._save_failed)
         self._saves.saved.connect(self._save_recovered)
         self._save_notice = ""
@@ -122,95 +78,8 @@ class ChatTab(QWidget):
         self._system_timer.setInterval(400)
         self._system_timer.timeout.connect(self._save_system_prompt)
 
-        self._build()
+        build_chat_tab(self)
         self.reload()
-
-    # --- layout ---------------------------------------------------------------------------------------------
-
-    def _build(self) -> None:
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(6, 6, 6, 6)
-        self.system_prompt_edit = QPlainTextEdit(self.chat.system_prompt)
-        self.system_prompt_edit.setObjectName("systemPrompt")
-        self.system_prompt_edit.setPlaceholderText("System prompt for this chat (optional)")
-        self.system_prompt_edit.setFixedHeight(self.fontMetrics().lineSpacing() * 2 + 14)
-        self.system_prompt_edit.textChanged.connect(self._system_timer.start)
-        layout.addWidget(self.system_prompt_edit)
-
-        self.view = MessageView()
-        layout.addWidget(self.view, 1)
-
-        self.notice = QWidget()
-        self.notice.setObjectName("notice")
-        notice_row = QHBoxLayout(self.notice)
-        notice_row.setContentsMargins(8, 4, 4, 4)
-        self.notice_label = QLabel()
-        self.notice_label.setObjectName("noticeLabel")
-        self.notice_label.setWordWrap(True)
-        notice_row.addWidget(self.notice_label, 1)
-        close = QToolButton(text="✕")
-        close.setAutoRaise(True)
-        close.setToolTip("Dismiss")
-        close.clicked.connect(self.clear_notice)
-        notice_row.addWidget(close)
-        self.notice.setVisible(False)
-        layout.addWidget(self.notice)
-
-        self.edit_bar = QWidget()
-        edit_row = QHBoxLayout(self.edit_bar)
-        edit_row.setContentsMargins(8, 0, 4, 0)
-        edit_row.addWidget(QLabel("Editing an earlier message: sending replaces it and every message after it."), 1)
-        cancel_edit = QPushButton("Cancel edit")
-        cancel_edit.clicked.connect(self.cancel_edit)
-        edit_row.addWidget(cancel_edit)
-        self.edit_bar.setVisible(False)
-        layout.addWidget(self.edit_bar)
-
-        self.strip = AttachmentStrip()
-        layout.addWidget(self.strip)
-
-        self.input = ChatInput()
-        self.input.setFixedHeight(self.fontMetrics().lineSpacing() * 4 + 16)
-        self.input.send_requested.connect(self.send)
-        self.input.image_pasted.connect(self.attach_image)
-        self.input.files_dropped.connect(self.attach_files)
-        self.json_mode_box = QCheckBox("JSON mode")
-        self.json_mode_box.setObjectName("jsonMode")
-        self.json_mode_box.setToolTip(
-            "Answers in this chat are one JSON object: the engine allows only tokens that keep the answer "
-            "valid JSON, and ends it when the object closes. Ask for the fields you want in your message. "
-            "Saved with the chat."
-        )
-        self.json_mode_box.setChecked(self.json_mode)
-        self.json_mode_box.toggled.connect(self.set_json_mode)
-        # Beside the input rather than in the button row below, which sets the window's minimum width.
-        input_row = QHBoxLayout()
-        input_row.addWidget(self.input, 1)
-        input_row.addWidget(self.json_mode_box, 0, Qt.AlignmentFlag.AlignTop)
-        layout.addLayout(input_row)
-
-        row = QHBoxLayout()
-        self.attach_button = QPushButton("Attach image…")
-        self.attach_button.clicked.connect(self._pick_files)
-        row.addWidget(self.attach_button)
-        self.context_meter = QProgressBar()
-        self.context_meter.setObjectName("contextMeter")
-        self.context_meter.setTextVisible(True)
-        self.context_meter.setFormat("context: %v / %m tokens")
-        self.context_meter.setRange(0, 1)
-        self.context_meter.setValue(0)
-        row.addWidget(self.context_meter, 1)
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setToolTip("Stop the answer (Esc); what it wrote so far is kept")
-        self.stop_button.clicked.connect(self.stop)
-        self.send_button = QPushButton("Send")
-        self.send_button.setDefault(True)
-        self.send_button.setToolTip("Send (Enter)")
-        self.send_button.clicked.connect(self.send)
-        row.addWidget(self.stop_button)
-        row.addWidget(self.send_button)
-        layout.addLayout(row)
-        self._update_controls()
 
     # --- state ----------------------------------------------------------------------------------------------
 
@@ -222,7 +91,7 @@ class ChatTab(QWidget):
     @property
     def is_streaming(self) -> bool:
         """Whether an answer is on its way: its images being embedded, its prompt built, or its job streaming."""
-        return self._job is not None or self._preparing
+        return self.answer.is_running
 
     @property
     def title(self) -> str:
@@ -231,7 +100,7 @@ class ChatTab(QWidget):
     @property
     def streamed_text(self) -> str:
         """The answer streaming now (empty when none)."""
-        return self._stream.text if self._stream else ""
+        return self.answer.text
 
     def settings(self) -> dict[str, Any]:
         """The chat's sampler settings dict (every field, "seed", "max_new_tokens"; JSON mode is separate)."""
@@ -408,152 +277,30 @@ class ChatTab(QWidget):
         self._editing_id = None
         self.edit_bar.setVisible(False)
 
-    def _conversation(self) -> tuple[list[dict[str, Any]], list[str]]:
-        """The chat's messages for the prompt, and the shas of their images in prompt order.
-
-        A model that cannot see images gets the text alone (images sent to an earlier vision model stay
-        stored and shown, but are left out of its prompt).
-        """
-        see = self.backend.can_see_images
-        messages: list[dict[str, Any]] = []
-        shas: list[str] = []
-        for m in self.store.messages(self.chat_id):
-            if m.role not in ("user", "assistant") or m.column is not None:
-                continue
-            if see and m.role == "user" and m.images:
-                messages.append(user_message(m.text, len(m.images)))
-                shas += m.images
-            else:
-                messages.append({"role": m.role, "content": m.text})
-        return messages, shas
-
     def _start_answer(self) -> None:
         self._save_system_prompt()  # typed just now: the answer must already use it
-        messages, shas = self._conversation()
+        messages, shas = conversation(self.store, self.chat_id, self.backend.can_see_images)
+        pictures = [self.store.attachment_path(sha) for sha in shas]
+        counted = self.context_meter.counted
+        self.answer.start(self.backend, messages, pictures, self.chat.system_prompt, self.chat.settings, counted)
         # Until the job starts (images embedded, prompt built, both off the GUI thread) the tab counts as answering.
-        self._preparing = True
-        self._stopping = False
         self._update_controls()
         self.streaming_changed.emit(self.chat_id, True)
-        self._task = spawn(self._prepare_and_begin(messages, shas), name=f"prompt-{self.chat_id}")
 
-    async def _prepare_and_begin(self, messages: list[dict[str, Any]], shas: list[str]) -> None:
-        backend = self.backend
-        job = None
-        error = None
-        restart = False
-        try:
-            settings = GenerationSettings.from_dict(self.chat.settings).seeded()
-            paths = [self.store.attachment_path(sha) for sha in shas]
-            job = await backend.start_answer(
-                messages, self.chat.system_prompt, paths, settings, identifier=self.chat_id
-            )
-        except ModelSwapped:  # another model was loaded meanwhile: its own rows, its prompt
-            restart = True
-        except ImageError as e:  # names the file
-            log.info("chat %s: an image could not be used: %s", self.chat_id, e)
-            error = (
-                f"Could not use an image of this conversation: {e}\n"
-                "Your messages are saved. Edit the message to attach the image again or remove it."
-            )
-        except ChatTemplateError as e:  # a chat template can fail in many ways; the message says which
-            log.info("chat %s: building the prompt failed: %s", self.chat_id, e)
-            error = f"Could not build the prompt for {backend.name}: {e}"
-        except ContextFull as e:
-            error = str(e)
-        except Exception as e:  # anything else still must not break the tab
-            log.info("chat %s: the answer could not start: %s", self.chat_id, e)
-            error = f"Could not start the answer: {str(e) or type(e).__name__}"
-        finally:
-            self._preparing = False
-            self._task = None
-        stopped = self._stopping
-        self._stopping = False
-        if job is not None and stopped:
-            spawn(job.cancel(), name=f"stopped-before-start-{self.chat_id}")
-        elif job is not None:
-            self._begin_job(job, settings)
-        elif restart and not stopped:
-            self._start_answer()
-            return
-        if self._job is None:  # nothing started: the tab is idle again
-            if error is not None:
-                self.show_notice(error)
-            self._update_controls()
-            self.streaming_changed.emit(self.chat_id, False)
-            self.generation_finished.emit(self.chat_id)
-
-    def _begin_job(self, job: AnswerJob, settings: GenerationSettings) -> None:
-        try:
-            answer = self.store.add_message(self.chat_id, "assistant", "", settings=settings.to_dict(), complete=False)
-        except StoreError as e:
-            spawn(job.cancel(), name=f"unsaved-chat-{self.chat_id}")
-            self.show_notice(f"Could not start the answer: {e}")
-            return
-        widget = self._add_widget(answer)
-        widget.set_streaming(True)
-        self._job = job
-        self._stopping = False
-        self._stream = _Stream(answer.id, widget, self._counted, settings.json_mode)
+    def _answer_began(self) -> None:
         self._update_controls()
-        self._save_timer.start(self.save_interval_ms)
         self.streaming_changed.emit(self.chat_id, True)
-        self._task = spawn(self._run(job, self._stream), name=f"chat-{self.chat_id}")
 
-    async def _run(self, job: Any, stream: _Stream) -> None:
-        error: str | None = None
-        try:
-            async for result in job:
-                if result.get("stage") != "streaming":
-                    continue
-                token_ids = result.get("token_ids")
-                stream.num_tokens += int(token_ids.shape[-1]) if token_ids is not None else 0
-                chunk = result.get("text", "")
-                if chunk:
-                    stream.text += chunk
-                    self.chunk_received.emit(self.chat_id, chunk)
-                if result.get("eos"):
-                    stream.eos = eos_stats(result, stream.json_mode)
-                    stream.text = result.get("full_completion", stream.text)  # the engine's own account
-                stream.widget.set_text(stream.text)
-                if "prompt_tokens" in result:
-                    stream.prompt_tokens = int(result["prompt_tokens"])
-                if stream.prompt_tokens is not None:
-                    self._meter_request += 1  # a count still on its way is older than this
-                    self._show_context(stream.prompt_tokens + stream.num_tokens)
-        except Exception as e:  # the engine failed this job: keep what arrived, say what happened
-            log.exception("chat %s: the answer failed", self.chat_id)
-            error = str(e) or type(e).__name__
-        finally:
-            self._finish(stream, error)
-
-    def _finish(self, stream: _Stream, error: str | None) -> None:
-        self._save_timer.stop()
-        complete = bool(stream.eos) and error is None
-        if complete:
-            stats = stream.eos
-        else:
-            stats = {"new_tokens": stream.num_tokens, "stopped": error is None}
-            if error is not None:
-                stats["error"] = error
-        self._write(stream, stats=stats, complete=complete)
-        stream.widget.set_streaming(False)
-        stream.widget.set_stats(stats)
-        if error is not None:
-            self.show_notice(f"The answer stopped with an error: {error}")
-        self._job = None
-        self._stream = None
-        self._task = None
+    def _answer_ended(self, notice: str, answered: bool) -> None:
+        if notice:
+            self.show_notice(notice)
         self._update_controls()
-        self.refresh_context_meter()
+        if answered:
+            self.refresh_context_meter()
         self.streaming_changed.emit(self.chat_id, False)
-        self.chat_changed.emit(self.chat_id)
+        if answered:
+            self.chat_changed.emit(self.chat_id)
         self.generation_finished.emit(self.chat_id)
-
-    def _write(self, stream: _Stream, **fields: Any) -> None:
-        """Save the answer; what the store refuses stays in memory (and on screen) and is retried."""
-        if self._saves.save(stream.message_id, text=stream.text, **fields):
-            stream.saved_text = stream.text
 
     @property
     def save_error(self) -> str | None:
@@ -574,45 +321,28 @@ class ChatTab(QWidget):
         self._save_notice = ""
         self.chat_changed.emit(self.chat_id)
 
-    def _save_partial(self) -> None:
-        stream = self._stream
-        if stream is not None and stream.text != stream.saved_text:
-            self._write(stream)
-
     def stop(self) -> None:
         """Stop the answer now; the text so far stays (Esc, the Stop button, closing the tab)."""
-        if self._preparing:
-            self._stopping = True  # the job is not started once the images are embedded
-        elif self._job is not None and not self._stopping:
-            self._stopping = True
-            spawn(self._job.cancel(), name=f"stop-chat-{self.chat_id}")
+        self.answer.stop()
 
     async def shutdown(self) -> None:
         """Stop any answer and wait until it is saved."""
-        self.stop()
-        while self._task is not None and not self._task.done():
-            await asyncio.wait({self._task})
+        await self.answer.shutdown()
         self._saves.retry()
 
     def flush(self) -> None:
         """Save the answer streaming now as it stands (the window is closing and the loop may not run again)."""
         self._save_system_prompt()
-        stream = self._stream
-        if stream is not None:
-            self._write(stream, stats={"new_tokens": stream.num_tokens, "stopped": True}, complete=False)
-        else:
+        if not self.answer.flush():
             self._saves.retry()
 
     # --- context meter --------------------------------------------------------------------------------------
 
     def refresh_context_meter(self) -> asyncio.Task | None:
-        """Count the tokens the conversation takes in the loaded model's context (on a worker thread: it
-        renders the chat template); returns the counting task, None when no model is loaded."""
-        self._meter_request += 1
+        """Count the tokens the conversation takes in the model's context (on a worker thread: it renders the
+        chat template); returns the counting task, None when no model is loaded."""
         if not self.backend.is_loaded:
-            self.context_meter.setRange(0, 1)
-            self.context_meter.setValue(0)
-            self.context_meter.setFormat("context: no model loaded")
+            self.context_meter.show_no_model()
             return None
         try:
             asyncio.get_running_loop()
@@ -620,37 +350,12 @@ class ChatTab(QWidget):
             QTimer.singleShot(0, self, self.refresh_context_meter)
             return None
         try:
-            messages, shas = self._conversation()
+            messages, shas = conversation(self.store, self.chat_id, self.backend.can_see_images)
             pictures = [self.store.attachment_path(sha) for sha in shas]  # headers only: sizes decide the count
         except StoreError as e:  # a deferred count that fires after the store closed (the app shutting down)
             log.info("chat %s: context not counted: %s", self.chat_id, e)
             return None
-        request, system_prompt = self._meter_request, self.chat.system_prompt
-        return spawn(self._count(request, messages, system_prompt, pictures), name=f"count-{self.chat_id}")
-
-    async def _count(
-        self, request: int, messages: list[dict[str, Any]], system_prompt: str, pictures: list[Path]
-    ) -> None:
-        count = self.backend.count_tokens
-        try:
-            used = await in_worker(lambda: count(messages, system_prompt, image_sources=pictures), pool=PROMPT)
-        except Exception as e:  # shown, not raised: the meter must never break the tab
-            log.warning("chat %s: cannot count tokens: %s", self.chat_id, e)
-            return
-        # Shown only if nothing newer was counted or streamed meanwhile, and the tab still exists.
-        if request == self._meter_request and shiboken6.isValid(self):
-            self._counted = used
-            if used is None:  # the backend cannot count (a remote server): no meter rather than a wrong one
-                self.context_meter.hide()
-            else:
-                self._show_context(used)
-
-    def _show_context(self, used: int) -> None:
-        self.context_meter.show()
-        context = max(1, int(self.backend.context_length))
-        self.context_meter.setFormat("context: %v / %m tokens")
-        self.context_meter.setRange(0, context)
-        self.context_meter.setValue(min(used, context))
+        return self.context_meter.count(self.backend, messages, self.chat.system_prompt, pictures)
 
     def _save_system_prompt(self) -> None:
         self._system_timer.stop()
@@ -659,54 +364,3 @@ class ChatTab(QWidget):
             self.store.update_chat(self.chat_id, system_prompt=text)
             self.chat = self.store.get_chat(self.chat_id)
             self.refresh_context_meter()
-
-    # --- attachments ----------------------------------------------------------------------------------------
-
-    def attach_files(self, paths: list[str]) -> asyncio.Task:
-        """Check image files off the GUI thread and add them to the next message."""
-        self._num_attaching += 1
-        return spawn(self._attach([Path(p) for p in paths], None), name=f"attach-{self.chat_id}")
-
-    def attach_image(self, image: QImage) -> asyncio.Task:
-        """Add a pasted image to the next message."""
-        self._num_attaching += 1
-        return spawn(self._attach([], image), name=f"paste-{self.chat_id}")
-
-    async def _attach(self, paths: list[Path], image: QImage | None) -> None:
-        problems = []
-        try:
-            for path in paths:
-                try:
-                    self.strip.add(await load_image_file_async(path))
-                except AttachmentError as e:
-                    problems.append(str(e))
-            if image is not None:
-                try:
-                    self.strip.add(await load_qimage_async(image))
-                except AttachmentError as e:
-                    problems.append(str(e))
-        finally:
-            self._num_attaching -= 1
-        if problems:
-            self.show_notice("\n".join(problems))
-
-    def _pick_files(self) -> None:
-        dialog = QFileDialog(self, "Attach images", "", IMAGE_FILE_FILTER)
-        dialog.setFileMode(QFileDialog.FileMode.ExistingFiles)
-        dialog.filesSelected.connect(self.attach_files)
-        dialog.open()
-
-    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 (Qt's name)
-        if event.mimeData().hasUrls() or event.mimeData().hasImage():
-            event.acceptProposedAction()
-
-    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802
-        mime = event.mimeData()
-        files = [u.toLocalFile() for u in mime.urls() if u.isLocalFile()]
-        if files:
-            self.attach_files(files)
-        elif mime.hasImage():
-            self.attach_image(QImage(mime.imageData()))
-        else:
-            self.show_notice("Only image files can be attached.")
-        event.acceptProposedAction()

@@ -1,0 +1,265 @@
+"""One chat's answer on its way: asked of the backend, streamed into its message, saved as it goes.
+
+    start(backend, conversation, settings)       the tab counts as answering from here
+      backend.start_answer(...)                  images and prompt off the GUI thread (app.service.backend)
+      message stored (complete=False), shown     began
+      async for result in job                    chunk_received, tokens_used; saved every save_interval_ms
+      eos / stop / error                         saved with its stats; ended(notice, answered)
+
+A save the store refuses (a full disk) stays in memory and on screen and is retried by the tab's
+PendingSaves (app/ui/answer_saves.py). The window's reactions (controls, notices, signals) are the tab's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from app.service.answer_stats import eos_stats
+from app.service.backend import (
+    AnswerJob,
+    Backend,
+    ChatTemplateError,
+    ContextFull,
+    ImageError,
+    ModelSwapped,
+    user_message,
+)
+from app.service.generation import GenerationSettings
+from app.store import StoreError
+from app.ui.answer_saves import PendingSaves
+from app.ui.message_view import MessageWidget
+from app.ui.tasks import spawn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Stream:
+    """What one running answer has produced so far."""
+
+    message_id: int
+    widget: MessageWidget
+    prompt_tokens: int | None  # the meter's last count until the backend says (None: it cannot count)
+    json_mode: bool = False
+    text: str = ""
+    num_tokens: int = 0
+    saved_text: str = ""
+    eos: dict[str, Any] = field(default_factory=dict)
+
+
+def conversation(store: Any, chat_id: int, see_images: bool) -> tuple[list[dict[str, Any]], list[str]]:
+    """Chat `chat_id`'s messages for the prompt, and the shas of their images in prompt order.
+
+    A model that cannot see images gets the text alone (images sent to an earlier vision model stay
+    stored and shown, but are left out of its prompt).
+    """
+    messages: list[dict[str, Any]] = []
+    shas: list[str] = []
+    for m in store.messages(chat_id):
+        if m.role not in ("user", "assistant") or m.column is not None:
+            continue
+        if see_images and m.role == "user" and m.images:
+            messages.append(user_message(m.text, len(m.images)))
+            shas += m.images
+        else:
+            messages.append({"role": m.role, "content": m.text})
+    return messages, shas
+
+
+class ChatAnswer(QObject):
+    """Runs chat `chat_id`'s answers, one at a time; see the module docstring."""
+
+    began = Signal()  # the job runs: its message is stored and shown
+    chunk_received = Signal(str)
+    tokens_used = Signal(int)  # prompt + answer tokens so far, when the prompt's length is known
+    ended = Signal(str, bool)  # the notice to show ("" for none), and whether an answer ran (and was saved)
+    model_swapped = Signal()  # the model changed before the job started: build the conversation again
+
+    def __init__(
+        self,
+        store: Any,
+        chat_id: int,
+        saves: PendingSaves,
+        add_widget: Callable[[Any], MessageWidget],
+        save_interval_ms: Callable[[], int],
+        parent: QObject | None = None,
+    ):
+        super().__init__(parent)
+        self.store, self.chat_id, self._saves, self._add_widget = store, chat_id, saves, add_widget
+        self._save_interval_ms = save_interval_ms
+        self._job: AnswerJob | None = None
+        self._task: asyncio.Task | None = None
+        self._stream: _Stream | None = None
+        self._stopping = False
+        self._preparing = False  # images are being embedded or the prompt built before the answer's job starts
+        self._save_timer = QTimer(self)
+        self._save_timer.timeout.connect(self._save_partial)
+
+    @property
+    def is_running(self) -> bool:
+        """Whether an answer is on its way: its images being embedded, its prompt built, or its job streaming."""
+        return self._job is not None or self._preparing
+
+    @property
+    def text(self) -> str:
+        """The answer streaming now (empty when none)."""
+        return self._stream.text if self._stream else ""
+
+    def start(
+        self,
+        backend: Backend,
+        messages: list[dict[str, Any]],
+        images: Sequence[Path],
+        system_prompt: str,
+        settings: Mapping[str, Any] | None,
+        prompt_tokens: int | None,
+    ) -> None:
+        """Ask `backend` for the answer to `messages` (images: the files of their image parts, in order) under
+        the chat's stored `settings`; `prompt_tokens` is the meter's count, until the backend says."""
+        self._preparing = True
+        self._stopping = False
+        coro = self._prepare_and_begin(backend, messages, images, system_prompt, settings, prompt_tokens)
+        self._task = spawn(coro, name=f"prompt-{self.chat_id}")
+
+    async def _prepare_and_begin(
+        self,
+        backend: Backend,
+        messages: list[dict[str, Any]],
+        images: Sequence[Path],
+        system_prompt: str,
+        stored: Mapping[str, Any] | None,
+        prompt_tokens: int | None,
+    ) -> None:
+        job = None
+        error = ""
+        try:
+            settings = GenerationSettings.from_dict(stored).seeded()
+            job = await backend.start_answer(messages, system_prompt, images, settings, identifier=self.chat_id)
+        except ModelSwapped:
+            pass
+        except ImageError as e:  # names the file
+            log.info("chat %s: an image could not be used: %s", self.chat_id, e)
+            error = (
+                f"Could not use an image of this conversation: {e}\n"
+                "Your messages are saved. Edit the message to attach the image again or remove it."
+            )
+        except ChatTemplateError as e:  # a chat template can fail in many ways; the message says which
+            log.info("chat %s: building the prompt failed: %s", self.chat_id, e)
+            error = f"Could not build the prompt for {backend.name}: {e}"
+        except ContextFull as e:
+            error = str(e)
+        except Exception as e:  # anything else still must not break the tab
+            log.info("chat %s: the answer could not start: %s", self.chat_id, e)
+            error = f"Could not start the answer: {str(e) or type(e).__name__}"
+        finally:
+            self._preparing = False
+            self._task = None
+        stopped, self._stopping = self._stopping, False
+        if job is not None and stopped:
+            spawn(job.cancel(), name=f"stopped-before-start-{self.chat_id}")
+        elif job is not None:
+            error = self._begin(job, settings, prompt_tokens)
+        elif not error and not stopped:
+            self.model_swapped.emit()
+            return
+        if self._job is None:  # nothing started: the tab is idle again
+            self.ended.emit(error, False)
+
+    def _begin(self, job: AnswerJob, settings: GenerationSettings, prompt_tokens: int | None) -> str:
+        """Store and show the answer's message and stream the job into it; a notice when it cannot be stored."""
+        try:
+            answer = self.store.add_message(self.chat_id, "assistant", "", settings=settings.to_dict(), complete=False)
+        except StoreError as e:
+            spawn(job.cancel(), name=f"unsaved-chat-{self.chat_id}")
+            return f"Could not start the answer: {e}"
+        widget = self._add_widget(answer)
+        widget.set_streaming(True)
+        self._job = job
+        self._stopping = False
+        self._stream = _Stream(answer.id, widget, prompt_tokens, settings.json_mode)
+        self._save_timer.start(self._save_interval_ms())
+        self.began.emit()
+        self._task = spawn(self._run(job, self._stream), name=f"chat-{self.chat_id}")
+        return ""
+
+    async def _run(self, job: AnswerJob, stream: _Stream) -> None:
+        error: str | None = None
+        try:
+            async for result in job:
+                if result.get("stage") != "streaming":
+                    continue
+                token_ids = result.get("token_ids")
+                stream.num_tokens += int(token_ids.shape[-1]) if token_ids is not None else 0
+                chunk = result.get("text", "")
+                if chunk:
+                    stream.text += chunk
+                    self.chunk_received.emit(chunk)
+                if result.get("eos"):
+                    stream.eos = eos_stats(result, stream.json_mode)
+                    stream.text = result.get("full_completion", stream.text)  # the engine's own account
+                stream.widget.set_text(stream.text)
+                if "prompt_tokens" in result:
+                    stream.prompt_tokens = int(result["prompt_tokens"])
+                if stream.prompt_tokens is not None:
+                    self.tokens_used.emit(stream.prompt_tokens + stream.num_tokens)
+        except Exception as e:  # the engine failed this job: keep what arrived, say what happened
+            log.exception("chat %s: the answer failed", self.chat_id)
+            error = str(e) or type(e).__name__
+        finally:
+            self._finish(stream, error)
+
+    def _finish(self, stream: _Stream, error: str | None) -> None:
+        self._save_timer.stop()
+        complete = bool(stream.eos) and error is None
+        if complete:
+            stats = stream.eos
+        else:
+            stats = {"new_tokens": stream.num_tokens, "stopped": error is None}
+            if error is not None:
+                stats["error"] = error
+        self._write(stream, stats=stats, complete=complete)
+        stream.widget.set_streaming(False)
+        stream.widget.set_stats(stats)
+        self._job = None
+        self._stream = None
+        self._task = None
+        self.ended.emit(f"The answer stopped with an error: {error}" if error is not None else "", True)
+
+    def _write(self, stream: _Stream, **fields: Any) -> None:
+        """Save the answer; what the store refuses stays in memory (and on screen) and is retried."""
+        if self._saves.save(stream.message_id, text=stream.text, **fields):
+            stream.saved_text = stream.text
+
+    def _save_partial(self) -> None:
+        stream = self._stream
+        if stream is not None and stream.text != stream.saved_text:
+            self._write(stream)
+
+    def stop(self) -> None:
+        """Stop the answer now; the text so far stays."""
+        if self._preparing:
+            self._stopping = True  # the job is not started once the prompt is built
+        elif self._job is not None and not self._stopping:
+            self._stopping = True
+            spawn(self._job.cancel(), name=f"stop-chat-{self.chat_id}")
+
+    async def shutdown(self) -> None:
+        """Stop any answer and wait until it is saved."""
+        self.stop()
+        while self._task is not None and not self._task.done():
+            await asyncio.wait({self._task})
+
+    def flush(self) -> bool:
+        """Save the answer streaming now as it stands (the loop may not run again); False when none streams."""
+        stream = self._stream
+        if stream is None:
+            return False
+        self._write(stream, stats={"new_tokens": stream.num_tokens, "stopped": True}, complete=False)
+        return True

@@ -1,0 +1,67 @@
+"""Attaching images to a chat's next message: files (picked, dropped) and pasted or dropped pictures, each
+checked off the GUI thread (app/ui/attachments.py) before it joins the tab's strip."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from PySide6.QtGui import QDragEnterEvent, QDropEvent, QImage
+from PySide6.QtWidgets import QFileDialog
+
+from app.ui.attachments import IMAGE_FILE_FILTER, AttachmentError, load_image_file_async, load_qimage_async
+from app.ui.tasks import spawn
+
+
+class AttachingImages:
+    """Mixed into ChatTab (before QWidget, so the drag and drop handlers are Qt's overrides); uses the tab's
+    `strip`, `chat_id`, `show_notice` and `_num_attaching` (images still being checked: a send waits)."""
+
+    def attach_files(self, paths: list[str]) -> asyncio.Task:
+        """Check image files off the GUI thread and add them to the next message."""
+        self._num_attaching += 1
+        return spawn(self._attach([Path(p) for p in paths], None), name=f"attach-{self.chat_id}")
+
+    def attach_image(self, image: QImage) -> asyncio.Task:
+        """Add a pasted image to the next message."""
+        self._num_attaching += 1
+        return spawn(self._attach([], image), name=f"paste-{self.chat_id}")
+
+    async def _attach(self, paths: list[Path], image: QImage | None) -> None:
+        problems = []
+        try:
+            for path in paths:
+                try:
+                    self.strip.add(await load_image_file_async(path))
+                except AttachmentError as e:
+                    problems.append(str(e))
+            if image is not None:
+                try:
+                    self.strip.add(await load_qimage_async(image))
+                except AttachmentError as e:
+                    problems.append(str(e))
+        finally:
+            self._num_attaching -= 1
+        if problems:
+            self.show_notice("\n".join(problems))
+
+    def _pick_files(self) -> None:
+        dialog = QFileDialog(self, "Attach images", "", IMAGE_FILE_FILTER)
+        dialog.setFileMode(QFileDialog.FileMode.ExistingFiles)
+        dialog.filesSelected.connect(self.attach_files)
+        dialog.open()
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 (Qt's name)
+        if event.mimeData().hasUrls() or event.mimeData().hasImage():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802
+        mime = event.mimeData()
+        files = [u.toLocalFile() for u in mime.urls() if u.isLocalFile()]
+        if files:
+            self.attach_files(files)
+        elif mime.hasImage():
+            self.attach_image(QImage(mime.imageData()))
+        else:
+            self.show_notice("Only image files can be attached.")
+        event.acceptProposedAction()

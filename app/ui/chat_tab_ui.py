@@ -1,0 +1,113 @@
+"""The chat tab's widgets and their layout, built onto the tab (Qt's setupUi idiom): what each widget does is
+the tab's (app/ui/chat_tab.py), where they sit is here.
+
+    system prompt
+    messages (MessageView)
+    notice (an error the user should read) [x]
+    attachments strip
+    input                                   [JSON mode]
+    [Attach image…] [context meter.................] [Stop] [Send]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.ui.attachments import AttachmentStrip
+from app.ui.chat_input import ChatInput
+from app.ui.context_meter import ContextMeter
+from app.ui.message_view import MessageView
+
+
+def build_chat_tab(tab: Any) -> None:
+    """Create the tab's widgets as its attributes and connect them to its slots."""
+    layout = QVBoxLayout(tab)
+    layout.setContentsMargins(6, 6, 6, 6)
+    tab.system_prompt_edit = QPlainTextEdit(tab.chat.system_prompt)
+    tab.system_prompt_edit.setObjectName("systemPrompt")
+    tab.system_prompt_edit.setPlaceholderText("System prompt for this chat (optional)")
+    tab.system_prompt_edit.setFixedHeight(tab.fontMetrics().lineSpacing() * 2 + 14)
+    tab.system_prompt_edit.textChanged.connect(tab._system_timer.start)
+    layout.addWidget(tab.system_prompt_edit)
+
+    tab.view = MessageView()
+    layout.addWidget(tab.view, 1)
+
+    tab.notice = QWidget()
+    tab.notice.setObjectName("notice")
+    notice_row = QHBoxLayout(tab.notice)
+    notice_row.setContentsMargins(8, 4, 4, 4)
+    tab.notice_label = QLabel()
+    tab.notice_label.setObjectName("noticeLabel")
+    tab.notice_label.setWordWrap(True)
+    notice_row.addWidget(tab.notice_label, 1)
+    close = QToolButton(text="✕")
+    close.setAutoRaise(True)
+    close.setToolTip("Dismiss")
+    close.clicked.connect(tab.clear_notice)
+    notice_row.addWidget(close)
+    tab.notice.setVisible(False)
+    layout.addWidget(tab.notice)
+
+    tab.edit_bar = QWidget()
+    edit_row = QHBoxLayout(tab.edit_bar)
+    edit_row.setContentsMargins(8, 0, 4, 0)
+    edit_row.addWidget(QLabel("Editing an earlier message: sending replaces it and every message after it."), 1)
+    cancel_edit = QPushButton("Cancel edit")
+    cancel_edit.clicked.connect(tab.cancel_edit)
+    edit_row.addWidget(cancel_edit)
+    tab.edit_bar.setVisible(False)
+    layout.addWidget(tab.edit_bar)
+
+    tab.strip = AttachmentStrip()
+    layout.addWidget(tab.strip)
+
+    tab.input = ChatInput()
+    tab.input.setFixedHeight(tab.fontMetrics().lineSpacing() * 4 + 16)
+    tab.input.send_requested.connect(tab.send)
+    tab.input.image_pasted.connect(tab.attach_image)
+    tab.input.files_dropped.connect(tab.attach_files)
+    tab.json_mode_box = QCheckBox("JSON mode")
+    tab.json_mode_box.setObjectName("jsonMode")
+    tab.json_mode_box.setToolTip(
+        "Answers in this chat are one JSON object: the engine allows only tokens that keep the answer "
+        "valid JSON, and ends it when the object closes. Ask for the fields you want in your message. "
+        "Saved with the chat."
+    )
+    tab.json_mode_box.setChecked(tab.json_mode)
+    tab.json_mode_box.toggled.connect(tab.set_json_mode)
+    # Beside the input rather than in the button row below, which sets the window's minimum width.
+    input_row = QHBoxLayout()
+    input_row.addWidget(tab.input, 1)
+    input_row.addWidget(tab.json_mode_box, 0, Qt.AlignmentFlag.AlignTop)
+    layout.addLayout(input_row)
+
+    row = QHBoxLayout()
+    tab.attach_button = QPushButton("Attach image…")
+    tab.attach_button.clicked.connect(tab._pick_files)
+    row.addWidget(tab.attach_button)
+    tab.context_meter = ContextMeter()
+    row.addWidget(tab.context_meter, 1)
+    tab.stop_button = QPushButton("Stop")
+    tab.stop_button.setToolTip("Stop the answer (Esc); what it wrote so far is kept")
+    tab.stop_button.clicked.connect(tab.stop)
+    tab.send_button = QPushButton("Send")
+    tab.send_button.setDefault(True)
+    tab.send_button.setToolTip("Send (Enter)")
+    tab.send_button.clicked.connect(tab.send)
+    row.addWidget(tab.stop_button)
+    row.addWidget(tab.send_button)
+    layout.addLayout(row)
+    tab._update_controls()
