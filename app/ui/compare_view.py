@@ -133,6 +133,10 @@ class CompareView(QWidget):
         if self.columns_spin.value() != count:
             self.columns_spin.setValue(count)
 
+    def set_backend(self, backend: Backend) -> None:
+        """Run the next comparison on `backend` (a running one ends on its own jobs)."""
+        self.backend = backend
+
     def set_prompt(self, text: str, system_prompt: str = "") -> None:
         self.prompt_edit.setPlainText(text)
         self.system_edit.setText(system_prompt)
