@@ -12,6 +12,7 @@ searches used before (TANDEM_SEARCH_INDEX=off's path), for comparison.
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import sys
 import time
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-scan", action="store_true", help="skip the old scan (about 2.5 s a query)")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # the backfill's progress
     if not args.path.is_file():
         parser.error(f"{args.path} does not exist; make it with tools/make_big_history.py")
     started = time.perf_counter()

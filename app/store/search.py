@@ -23,7 +23,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import chain
@@ -77,7 +77,9 @@ _TRIGGERS = {
         INSERT INTO title_search (rowid, title) VALUES (new.id, new.title);
     END""",
 }
-BACKFILL_BATCH = 2000  # messages per write transaction: about 0.1 s, the longest a GUI write waits for it
+BACKFILL_BATCH = 500  # messages in the first write transaction; later ones are sized to take BATCH_SECONDS
+BATCH_SECONDS = 0.05  # the longest a GUI write should wait for a batch
+MERGE_PAGES = 200  # FTS5 'merge' work per transaction after the backfill (see Backfill._merge)
 
 
 def is_index_table(name: str) -> bool:
@@ -154,8 +156,8 @@ def indexed_from(conn: sqlite3.Connection) -> int:
 
 
 def backfill_step(conn: sqlite3.Connection, batch: int = BACKFILL_BATCH) -> int:
-    """Index the next ``batch`` older messages, inside the caller's write transaction; returns the messages
-    still waiting (0: done)."""
+    """Index the next ``batch`` older messages, inside the caller's write transaction; returns about how many
+    are still waiting (the ids below the new bound: exact while ids have no gaps), 0 when done."""
     upper = indexed_from(conn)
     if upper == 0:
         return 0
@@ -169,8 +171,9 @@ def backfill_step(conn: sqlite3.Connection, batch: int = BACKFILL_BATCH) -> int:
         (lower, upper),
     )
     conn.execute("UPDATE search_index_state SET indexed_from = ?", (lower,))
-    (left,) = conn.execute("SELECT COUNT(*) FROM messages WHERE id < ?", (lower,)).fetchone()
-    return int(left)
+    # Not COUNT(*): that reads every older row, each batch.
+    (lowest,) = conn.execute("SELECT COALESCE(MIN(id), 0) FROM messages").fetchone()
+    return max(0, lower - lowest)
 
 
 class Backfill:
@@ -196,28 +199,59 @@ class Backfill:
             logger.warning("search index backfill could not open %s: %s", self.path, exc)
             return
         try:
-            left, logged = 1, started
+            # As the store's own connection (see db.py): a commit is not fsynced, which would take seconds on a
+            # busy disk while the GUI waits for the lock.
+            conn.execute("PRAGMA synchronous = NORMAL")
+            left, logged, batch = 1, started, self.batch
             while left and not self._stop.is_set():
-                with self._write_lock:
-                    conn.execute("BEGIN IMMEDIATE")
-                    try:
-                        left = backfill_step(conn, self.batch)
-                        conn.execute("COMMIT")
-                    except BaseException:
-                        conn.execute("ROLLBACK")
-                        raise
+                begun = time.perf_counter()
+                left = self._locked(conn, lambda c, n=batch: backfill_step(c, n))
+                took = time.perf_counter() - begun
+                batch = max(50, min(20_000, int(batch * BATCH_SECONDS / max(took, 1e-3))))
                 if time.perf_counter() - logged > 5:
                     logged = time.perf_counter()
                     logger.info("search index: %d older messages still to index", left)
-                time.sleep(0.01)  # let a waiting GUI write in between batches
+                time.sleep(0.01)  # the lock is not fair: give a waiting GUI write the gap between batches
             if not left:
                 logger.info("search index: older messages indexed in %.0f s", time.perf_counter() - started)
+                self._merge(conn)
         except sqlite3.Error as exc:
             # Searches still answer (by the scan for what is not indexed); the next start carries on.
             self.error = exc
             logger.warning("search index backfill stopped: %s; it goes on at the next start", exc)
         finally:
             conn.close()
+
+    def _locked(self, conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], int]) -> int:
+        with self._write_lock:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = work(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return result
+
+    def _merge(self, conn: sqlite3.Connection) -> None:
+        """Merge the many small segments the batches left into fewer large ones, a little per transaction:
+        a search then reads one list per trigram instead of dozens (on 1.2M messages, 'garlic' went from
+        240 ms to 50 ms after a full merge). FTS5's 'optimize' would do it in one 25 s write transaction."""
+        started = time.perf_counter()
+        while not self._stop.is_set():
+            before = conn.total_changes
+            self._locked(
+                conn,
+                lambda c: (
+                    c.execute(
+                        "INSERT INTO message_search (message_search, rank) VALUES ('merge', ?)", (MERGE_PAGES,)
+                    ).rowcount
+                ),
+            )
+            if conn.total_changes - before < 2:  # FTS5's sign that no merge work was left
+                logger.info("search index: segments merged in %.0f s", time.perf_counter() - started)
+                return
+            time.sleep(0.01)
 
     @property
     def running(self) -> bool:
