@@ -50,6 +50,28 @@ def test_lists_newest_first_and_searches_titles_and_text(window, app_store, run,
     assert set(sidebar.chat_ids()) >= {fox.id, cooking.id, empty.id}
 
 
+def test_search_shows_each_match_in_context_and_only_the_latest_search(window, app_store, run, ui):
+    fox, cooking, _ = make_chats(app_store)
+    sidebar = window.sidebar
+
+    async def search(text):
+        sidebar.search_edit.setText(text)
+        await ui.wait_for(lambda: not sidebar._search_timer.isActive() and not sidebar.searching, what="the search")
+
+    run(search("nine min"))
+    assert sidebar.chat_ids() == [cooking.id]
+    lines = sidebar.list.item(0).text().split("\n")
+    assert lines[0] == "Cooking" and "About nine minutes" in lines[1]  # the title, then the match in context
+    assert sidebar.search_status.isHidden()
+    run(search("Foxes"))  # the title alone matches (and "foxes" in its message): the newest message's snippet
+    assert sidebar.chat_ids() == [fox.id] and "foxes" in sidebar.list.item(0).text().split("\n")[1]
+    sidebar.search_edit.setText("boil")
+    sidebar.refresh()  # started, then replaced before its results came: only the last search is listed
+    sidebar.search_edit.setText("no such words")
+    run(search("no such words"))
+    assert sidebar.chat_ids() == [] and sidebar.search_status.text() == "No chat matches."
+
+
 def test_open_from_the_sidebar(window, app_store):
     fox, cooking, _ = make_chats(app_store)
     window.sidebar.refresh()
