@@ -16,7 +16,11 @@ from typing import Any
 from app.resources import asset_path
 from engine.loading.starter import STARTER_NAME, starter_path
 from engine.model_info import ModelInfo, read_model_info
-from engine.models.registry import vision_architectures
+from engine.models.registry import supported_architectures, vision_architectures
+from engine.paths import models_dir
+
+# The catalogue's engine facts, for the UI (which reaches the engine through app.service only).
+__all__ = ["STARTER_NAME", "ModelInfo", "models_dir", "starter_path", "supported_architectures", "vision_architectures"]
 
 log = logging.getLogger(__name__)
 

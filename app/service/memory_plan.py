@@ -13,7 +13,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.loading.model import default_dtype, default_quantized, parse_dtype
-from engine.memory_fit import OVERHEAD_BYTES
+from engine.memory_fit import CONTEXT_STEP, OVERHEAD_BYTES, MemoryNeed, NotEnoughMemoryError, format_bytes
 from engine.memory_fit import kv_bytes_per_token as kv_cache_bytes_per_token
 from engine.model_info import ModelInfo
 
@@ -94,10 +94,14 @@ def free_memory_bytes(device: torch.device) -> int | None:
 __all__ = [
     "CACHE_MEMORY_SHARE",
     "CONCURRENT_CHATS",
+    "CONTEXT_STEP",  # the memory check's types and units, for the model card
     "DEFAULT_CONTEXT_TOKENS",
     "MAX_CACHE_TOKENS",
+    "MemoryNeed",
+    "NotEnoughMemoryError",
     "PAGE_SIZE",
     "checked_context",
+    "format_bytes",
     "free_memory_bytes",
     "kv_bytes_per_token",
     "plan_cache_tokens",

@@ -13,10 +13,9 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QLineEdit, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
-from app.service.catalog import download_from_hub
+from app.service.catalog import download_from_hub, models_dir
 from app.service.workers import LOADER, submit
 from app.ui.theme import mark
-from engine.paths import models_dir
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,15 @@ from typing import Any
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
-from app.service.catalog import DEMO_VISION_NAME, demo_vision_available, demo_vision_path, model_display_name
-from engine.loading.starter import STARTER_NAME, starter_path
-from engine.paths import models_dir
+from app.service.catalog import (
+    DEMO_VISION_NAME,
+    STARTER_NAME,
+    demo_vision_available,
+    demo_vision_path,
+    model_display_name,
+    models_dir,
+    starter_path,
+)
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QSpinBox, QWidget
 
+from app.service.catalog import ModelInfo
+from app.service.memory_plan import CONTEXT_STEP, MemoryNeed, NotEnoughMemoryError, format_bytes
 from app.ui.theme import mark
-from engine.memory_fit import CONTEXT_STEP, MemoryNeed, NotEnoughMemoryError, format_bytes
-from engine.model_info import ModelInfo
 
 FIELDS = ("Architecture", "Parameters", "Quantization", "Size on disk", "Context", "Images")
 MAX_CONTEXT = 1 << 20  # the spin box's bound for a model that does not say its context

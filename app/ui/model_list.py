@@ -7,9 +7,8 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QListWidget, QListWidgetItem
 
-from app.service.catalog import DEMO_VISION_NAME, demo_vision_path, model_info
+from app.service.catalog import DEMO_VISION_NAME, STARTER_NAME, demo_vision_path, model_info, starter_path
 from app.ui.model_card import summary
-from engine.loading.starter import STARTER_NAME, starter_path
 
 STARTER_KIND = "starter"
 DEMO_KIND = "demo"

@@ -32,9 +32,13 @@ from PySide6.QtWidgets import (
 
 from app.service.catalog import (
     DEMO_VISION_NAME,
+    STARTER_NAME,
     demo_vision_path,
     model_display_name,
     model_info,
+    starter_path,
+    supported_architectures,
+    vision_architectures,
 )
 from app.service.memory_plan import DEFAULT_CONTEXT_TOKENS
 from app.service.speculation import Speculation, load_speculation
@@ -43,8 +47,6 @@ from app.ui.model_card import ModelCard
 from app.ui.model_list import DEMO_KIND, KIND_ROLE, PATH_ROLE, STARTER_KIND, ModelList, same_path
 from app.ui.speculation_box import SpeculationBox
 from app.ui.theme import mark
-from engine.loading.starter import STARTER_NAME, starter_path
-from engine.models.registry import supported_architectures, vision_architectures
 
 log = logging.getLogger(__name__)
 
