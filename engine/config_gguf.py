@@ -19,6 +19,9 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen2vl": "Qwen2ForCausalLM",
+    # Mistral 3's language model: llama's tensors and q/k order under another name (Ministral 3's yarn rope is
+    # refused by _rope_scaling).
+    "mistral3": "LlamaForCausalLM",
 }
 
 

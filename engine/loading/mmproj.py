@@ -108,7 +108,7 @@ def read_mmproj(
             f"{path} lacks {e.args[0]}, which every {kind} projector file has. The file is incomplete or was "
             "written by another converter; get another copy."
         ) from None
-    return VisionPart(family.architecture, extra, tensors, processor, image_token_id)
+    return VisionPart(family.architecture_of(meta), extra, tensors, processor, image_token_id)
 
 
 def assemble(

@@ -35,6 +35,13 @@ class Family:
     architecture: str  # the model class the translated checkpoint loads as
     image_token: str  # the vocabulary token the family's prompts hold where an image goes
     translate: Translate
+    # The class when the projector merges patches (clip.vision.spatial_merge_size > 1), where that is another
+    # model: Pixtral-12B (LLaVA) and Mistral 3 share the 'pixtral' type.
+    merged_architecture: str | None = None
+
+    def architecture_of(self, meta: dict[str, Any]) -> str:
+        merges = meta.get("clip.vision.spatial_merge_size", 1) > 1
+        return self.merged_architecture if merges and self.merged_architecture else self.architecture
 
 
 _BLOCK = re.compile(r"v\.blk\.(\d+)\.(\w+)\.(weight|bias)")
@@ -115,7 +122,7 @@ def _idefics3(meta: dict[str, Any], raw: Tensors, text_meta: dict[str, Any], sou
     return extra, tensors, processor
 
 
-# --- Pixtral (LLaVA with a Pixtral tower, Pixtral-12B's layout) -------------------------------------------------
+# --- Pixtral: LLaVA with a Pixtral tower (Pixtral-12B's layout), and Mistral 3 (the same with a patch merger) ---
 
 _PIXTRAL_BLOCK = {
     "attn_q": "attention.q_proj",
@@ -144,19 +151,18 @@ def _pixtral(meta: dict[str, Any], raw: Tensors, text_meta: dict[str, Any], sour
     vision["hidden_act"] = "silu" if meta.get("clip.use_silu") else "gelu"
     if "clip.vision.rope.freq_base" in meta:
         vision["rope_theta"] = meta["clip.vision.rope.freq_base"]
-    if meta.get("clip.vision.spatial_merge_size", 1) != 1:
-        raise MmprojError(
-            f"{source.removesuffix(' metadata')} is a Mistral 3 projector (Pixtral with a patch merger), which "
-            "Tandem does not read from GGUF yet (nor its text model, llama.cpp's 'mistral3' architecture). "
-            "Load the Hugging Face folder instead."
-        )
-    # llama.cpp feeds the projector the last layer and keeps every patch: Pixtral-12B's own settings.
+    merge = meta.get("clip.vision.spatial_merge_size", 1)
+    # llama.cpp feeds the projector the last layer and keeps every patch: Pixtral-12B's and Mistral 3's own
+    # settings. Mistral 3 (a patch merger) has RMSNorm -> merger -> linear -> gelu -> linear.
     extra = {
         "vision_config": vision,
         "vision_feature_layer": -1,
         "vision_feature_select_strategy": "full",
         "projector_hidden_act": "gelu",
+        "multimodal_projector_bias": "mm.1.bias" in raw,
     }
+    if merge > 1:
+        extra["spatial_merge_size"] = merge
     raw = dict(raw)
     raw.pop("v.token_embd.img_break", None)  # a copy of the text model's [IMG_BREAK] row, which Tandem reads there
     for name in [n for n in raw if n.endswith(("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias"))]:
@@ -168,6 +174,8 @@ def _pixtral(meta: dict[str, Any], raw: Tensors, text_meta: dict[str, Any], sour
         "mm.1.bias": "multi_modal_projector.linear_1.bias",
         "mm.2.weight": "multi_modal_projector.linear_2.weight",
         "mm.2.bias": "multi_modal_projector.linear_2.bias",
+        "mm.input_norm.weight": "multi_modal_projector.norm.weight",
+        "mm.patch_merger.weight": "multi_modal_projector.patch_merger.merging_layer.weight",
     }
     tensors = rename(raw, names, _PIXTRAL_BLOCK, "vision_tower.transformer.layers.", source)
     processor = PixtralImageProcessor.from_dict(
@@ -177,7 +185,7 @@ def _pixtral(meta: dict[str, Any], raw: Tensors, text_meta: dict[str, Any], sour
             "image_std": meta["clip.vision.image_std"],
         },
         source=source,
-        patch_size=vision["patch_size"],
+        patch_size=vision["patch_size"] * merge,  # pixels per image token side, as the folder path passes it
     )
     return extra, tensors, processor
 
@@ -290,7 +298,7 @@ def _qwen2_vl(meta: dict[str, Any], raw: Tensors, text_meta: dict[str, Any], sou
 
 FAMILIES: dict[str, Family] = {
     "idefics3": Family("Idefics3ForConditionalGeneration", "<image>", _idefics3),
-    "pixtral": Family("LlavaForConditionalGeneration", "[IMG]", _pixtral),
+    "pixtral": Family("LlavaForConditionalGeneration", "[IMG]", _pixtral, "Mistral3ForConditionalGeneration"),
     "qwen2vl_merger": Family("Qwen2VLForConditionalGeneration", "<|image_pad|>", _qwen2_vl),
     "qwen2.5vl_merger": Family("Qwen2_5_VLForConditionalGeneration", "<|image_pad|>", _qwen2_5_vl),
 }

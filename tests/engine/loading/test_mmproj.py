@@ -6,7 +6,7 @@ model with the reason.
 
 Families the converter or Tandem's text GGUF reader cannot take are skipped by name with the reason (see
 README, "Vision from GGUF"): LLaVA (its --mmproj reads only Pixtral towers, CLIP and SigLIP are rejected),
-Gemma 3 and Mistral 3 (text GGUF architectures gemma3 / mistral3, which Tandem's GGUF reader does not run).
+Gemma 3 (its text GGUF is llama.cpp's gemma3 architecture, which Tandem's GGUF reader does not run).
 """
 
 from __future__ import annotations
@@ -143,33 +143,50 @@ def build_idefics3(folder: Path, tokenizer_json: Path) -> None:
     hf.save_pretrained(folder)
 
 
-def build_pixtral(folder: Path, tokenizer_json: Path) -> None:
+def build_pixtral(folder: Path, tokenizer_json: Path, mistral3: bool = False) -> None:
     """Pixtral-12B's layout in small: LlavaForConditionalGeneration with a Pixtral tower (last layer, every
     patch, gelu projector) and a Mistral text model. Three tower layers: the converter names the projector's
-    tensors by block number and refuses linear_2 of a tower with fewer."""
+    tensors by block number and refuses linear_2 of a tower with fewer. Mistral 3 (Mistral Small 3.1's shape):
+    the same tower (silu) with a 2 x 2 patch merger, tied embeddings, no projector bias."""
     tok = _fast_tokenizer(tokenizer_json, ["[IMG]", "[IMG_BREAK]", "[IMG_END]"])
     tok.save_pretrained(folder)
-    text = transformers.MistralConfig(**{**_text_config(tok, tied=False).to_dict(), "head_dim": 16})
+    text = transformers.MistralConfig(**{**_text_config(tok, tied=mistral3).to_dict(), "head_dim": 16})
+    patch = 4 if mistral3 else 8
     vision = transformers.PixtralVisionConfig(
-        hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2, patch_size=8, image_size=48
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        patch_size=patch,
+        image_size=48,
+        hidden_act="silu" if mistral3 else "gelu",
     )
-    config = transformers.LlavaConfig(
-        text_config=text.to_dict(),
-        vision_config=vision.to_dict(),
-        image_token_index=tok.convert_tokens_to_ids("[IMG]"),
-        vision_feature_layer=-1,
-        vision_feature_select_strategy="full",
-        projector_hidden_act="gelu",
-    )
+    image_id = tok.convert_tokens_to_ids("[IMG]")
+    if mistral3:
+        config = transformers.Mistral3Config(
+            text_config=text.to_dict(), vision_config=vision.to_dict(), image_token_index=image_id, spatial_merge_size=2
+        )
+        hf = transformers.Mistral3ForConditionalGeneration
+    else:
+        config = transformers.LlavaConfig(
+            text_config=text.to_dict(),
+            vision_config=vision.to_dict(),
+            image_token_index=image_id,
+            vision_feature_layer=-1,
+            vision_feature_select_strategy="full",
+            projector_hidden_act="gelu",
+        )
+        hf = transformers.LlavaForConditionalGeneration
     torch.manual_seed(0)
-    hf = transformers.LlavaForConditionalGeneration(config).eval()
+    hf = hf(config).eval()
     with torch.no_grad():  # random init leaves the projector tiny; make the image rows matter to the logits
         for p in hf.model.multi_modal_projector.parameters():
             p.normal_(1.0 if p.dim() == 1 else 0.0, 0.3)
     hf.save_pretrained(folder)
-    transformers.PixtralImageProcessorPil(size={"longest_edge": 48}, patch_size=8).save_pretrained(folder)
+    transformers.PixtralImageProcessorPil(size={"longest_edge": 48}, patch_size=patch).save_pretrained(folder)
+    merge = ', "spatial_merge_size": 2' if mistral3 else ""
     (folder / "processor_config.json").write_text(
-        '{"processor_class": "PixtralProcessor", "image_token": "[IMG]", "patch_size": 8}'
+        f'{{"processor_class": "PixtralProcessor", "image_token": "[IMG]", "patch_size": {patch}{merge}}}'
     )
 
 
@@ -211,6 +228,7 @@ def build_qwen2_vl(folder: Path, tokenizer_json: Path, v2_5: bool = False) -> No
 BUILDERS = {
     "idefics3": build_idefics3,
     "pixtral": build_pixtral,
+    "mistral3": lambda folder, tokenizer_json: build_pixtral(folder, tokenizer_json, mistral3=True),
     "qwen2_vl": build_qwen2_vl,
     "qwen2_5_vl": lambda folder, tokenizer_json: build_qwen2_vl(folder, tokenizer_json, v2_5=True),
 }
@@ -218,8 +236,6 @@ SKIPPED = {
     "llava": "llama.cpp 0.3.36's convert_hf_to_gguf.py --mmproj reads LlavaForConditionalGeneration only with a "
     "Pixtral tower; CLIP and SigLIP towers are rejected ('Unsupported model type')",
     "gemma3": "the text GGUF is llama.cpp's 'gemma3' architecture, which Tandem's GGUF reader does not run yet",
-    "mistral3": "the text GGUF is llama.cpp's 'mistral3' architecture, which Tandem's GGUF reader does not run "
-    "yet (Pixtral-12B's layout, LLaVA with a Pixtral tower, is tested as 'pixtral')",
 }
 
 
