@@ -11,21 +11,16 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
-import re
-from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
-    QFileDialog,
     QInputDialog,
     QLabel,
     QMainWindow,
-    QMessageBox,
     QProgressBar,
     QSplitter,
     QTabWidget,
@@ -40,10 +35,12 @@ from app.ui.chat_tab import DEFAULT_TITLE, ChatTab
 from app.ui.remote_dialog import ask_remote
 from app.ui.sampler_panel import SamplerPanel
 from app.ui.server_panel import ServerPanel
-from app.ui.shortcuts_dialog import PLACE_PROPERTY, ShortcutsDialog
+from app.ui.shortcuts_dialog import PLACE_PROPERTY
 from app.ui.sidebar import Sidebar
 from app.ui.tasks import spawn
 from app.ui.theme import follow_system
+from app.ui.window_chats import ChatFiles
+from app.ui.window_model import ModelSide
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +52,7 @@ GEOMETRY_KEY = "ui.geometry"
 SPLITTER_KEY = "ui.splitter"
 
 
-class MainWindow(QMainWindow):
+class MainWindow(ChatFiles, ModelSide, QMainWindow):
     """Tandem's window over a Store and an EngineService (see app/ui/__init__.py for the layout)."""
 
     def __init__(self, store: Any, service: Any, parent: QWidget | None = None):
@@ -274,163 +271,10 @@ class MainWindow(QMainWindow):
         presets = {p.name: p.settings for p in self.store.list_presets()}
         return dict(presets.get("Balanced", {}))
 
-    # --- deleting and exporting -----------------------------------------------------------------------------
-
-    def ask_delete_chat(self, chat_id: int) -> QMessageBox:
-        """Ask before deleting a chat; returns the (non-blocking) question box."""
-        title = self.store.get_chat(chat_id).title
-        box = QMessageBox(
-            QMessageBox.Icon.Question,
-            "Delete chat",
-            f"Delete “{title}” and all its messages? This cannot be undone.",
-            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
-            self,
-        )
-        box.setDefaultButton(QMessageBox.StandardButton.Cancel)
-        box.accepted.connect(lambda: spawn(self.delete_chat(chat_id), name=f"delete-chat-{chat_id}"))
-        box.open()
-        return box
-
-    async def delete_chat(self, chat_id: int) -> None:
-        """Delete a chat now (closing its tab, stopping its answer first)."""
-        tab = self.tab_for(chat_id)
-        if tab is not None:
-            self.tabs.removeTab(self.tabs.indexOf(tab))
-            await self._dispose(tab, delete=True)
-            if self.tabs.count() == 0:
-                self.new_chat()
-            self._save_tabs()
-        else:
-            self.store.delete_chat(chat_id)
-            self.sidebar.refresh()
-
-    def ask_export_chat(self, chat_id: int, fmt: str) -> None:
-        title = self.store.get_chat(chat_id).title
-        suffix = ".md" if fmt == "markdown" else ".json"
-        name = re.sub(r"[^\w\- ]+", "", title).strip() or "chat"
-        dialog = QFileDialog(self, "Export chat", str(Path.home() / (name + suffix)))
-        dialog.setAcceptMode(QFileDialog.AcceptMode.AcceptSave)
-        dialog.setNameFilter("Markdown (*.md)" if fmt == "markdown" else "JSON (*.json)")
-        dialog.setDefaultSuffix(suffix[1:])
-        dialog.fileSelected.connect(lambda path: self.export_chat(chat_id, fmt, path))
-        dialog.open()
-
-    def export_chat(self, chat_id: int, fmt: str, path: str | Path) -> bool:
-        """Write the chat to `path` as Markdown or JSON; a failure is shown in the status bar."""
-        try:
-            if fmt == "markdown":
-                content = self.store.export_markdown(chat_id)
-            elif fmt == "json":
-                content = json.dumps(self.store.export_json(chat_id), indent=2, ensure_ascii=False)
-            else:
-                raise ValueError(f"unknown export format {fmt!r}; use 'markdown' or 'json'")
-            Path(path).write_text(content, encoding="utf-8")
-        except (OSError, ValueError) as e:
-            self.show_error(f"Could not export to {path}: {e}")
-            return False
-        self.statusBar().showMessage(f"Exported to {path}", 5000)
-        return True
-
     def _stop_current(self) -> None:
         tab = self.current_tab()
         if tab is not None:
             tab.stop()
-
-    def _export_current(self, fmt: str) -> None:
-        tab = self.current_tab()
-        if tab is not None:
-            self.ask_export_chat(tab.chat_id, fmt)
-
-    # --- model ----------------------------------------------------------------------------------------------
-
-    def ask_open_model(self) -> None:
-        dialog = QFileDialog(self, "Open a .gguf file or a model folder")
-        dialog.setNameFilter("Models (*.gguf config.json)")
-        dialog.setFileMode(QFileDialog.FileMode.ExistingFile)
-
-        def chosen(path: str) -> None:
-            # a Hugging Face model is a folder: picking its config.json means the folder
-            target = Path(path).parent if Path(path).name == "config.json" else Path(path)
-            self.service.load_model(target)
-
-        dialog.fileSelected.connect(chosen)
-        dialog.open()
-
-    def show_model_manager(self) -> None:
-        if self._model_manager is None:
-            from app.ui.model_manager import ModelManager
-
-            self._model_manager = ModelManager(self.store, self.service, self)
-        self._model_manager.show()
-        self._model_manager.raise_()
-
-    def show_compare_view(self) -> None:
-        if self._compare_view is None:
-            from app.ui.compare_view import CompareView
-
-            self._compare_view = CompareView(self.store, self.backends.current, self)
-            self._compare_view.setWindowFlag(Qt.WindowType.Window)
-            self._compare_view.setWindowTitle("Compare — Tandem")
-            self._compare_view.resize(1200, 700)
-            self._compare_view.addAction(self.compare_run_action)
-        self._compare_view.show()
-        self._compare_view.raise_()
-
-    def show_shortcuts(self) -> ShortcutsDialog:
-        """Help -> Keyboard shortcuts, listed from this window's actions as they are now."""
-        dialog = ShortcutsDialog(self)
-        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.show()
-        return dialog
-
-    def show_server_panel(self) -> ServerPanel:
-        if self._server_panel is None:
-            self._server_panel = ServerPanel(self.app_server, self)
-        self._server_panel.show()
-        self._server_panel.raise_()
-        return self._server_panel
-
-    def _loading_started(self, name: str) -> None:
-        self.model_label.setText(f"Loading {name}…")
-        self.load_progress.setValue(0)
-        self.load_progress.setVisible(True)
-        self.error_label.clear()
-
-    def _loading_progress(self, fraction: float) -> None:
-        self.load_progress.setValue(int(fraction * 1000))
-
-    def _model_loaded(self, name: str) -> None:
-        self.backends.use_local()  # a model chosen here is what the user wants to chat with
-        self.model_label.setText(f"Model: {name} · context {self.service.context_length} tokens")
-        self.load_progress.setVisible(False)
-        for tab in self.chat_tabs():
-            tab.refresh_context_meter()
-        self._send_pending()
-
-    def _backend_changed(self) -> None:
-        backend = self.backends.current
-        for tab in self.chat_tabs():
-            tab.set_backend(backend)
-        if self._compare_view is not None:
-            self._compare_view.set_backend(backend)
-        remote = self.backends.status_line()
-        if remote is not None:
-            self.model_label.setText(remote)
-            self.error_label.clear()
-        elif self.service.is_loaded:
-            self.model_label.setText(f"Model: {self.service.model_name} · context {self.service.context_length} tokens")
-        self._send_pending()
-
-    def _send_pending(self) -> None:
-        if self._pending_prompt is not None and self.backends.current.is_loaded:
-            prompt, self._pending_prompt = self._pending_prompt, None
-            self.send_prompt(prompt)
-
-    def _load_failed(self, message: str) -> None:
-        self.load_progress.setVisible(False)
-        local = f"Model: {self.service.model_name}" if self.service.is_loaded else "No model"
-        self.model_label.setText(self.backends.status_line() or local)
-        self.show_error(message)
 
     def add_banner(self, banner: QWidget) -> None:
         """Put a notice (app/ui/first_run.py) above the chats; it shows and hides itself."""
