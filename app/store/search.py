@@ -428,7 +428,10 @@ class ChatSearch:
             return
         self._closed = True
         self.interrupt()
-        self._executor.submit(self._close_conn)
+        try:
+            self._executor.submit(self._close_conn)  # on the worker, after the (interrupted) search
+        except RuntimeError:  # the interpreter is exiting and takes no new work: close it here
+            self._close_conn()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _close_conn(self) -> None:
