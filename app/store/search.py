@@ -14,6 +14,10 @@ Where the index cannot be used, searching still works by the scan: a SQLite buil
 characters (trigrams need three; those scan messages newest first and stop at the limit). A database whose
 index triggers were dropped (opened once by a SQLite without FTS5, see :func:`ensure_index`) is re-indexed
 the next time FTS5 is there.
+
+Upgrading (schema 1 -> 2) or re-indexing indexes the titles at once and the messages in the background
+(:class:`Backfill`, 121 s for 1.2 million messages), newest first; ``search_index_state.indexed_from`` says
+how far it got, and searches scan below it, so answers are whole meanwhile.
 """
 
 from __future__ import annotations
@@ -368,7 +372,8 @@ def _scan(conn: sqlite3.Connection, folded: str, below: int | None = None) -> It
 
 def _snippet(conn: sqlite3.Connection, message_id: int, query: str, indexed: bool) -> str:
     if indexed:
-        # snippet() counts trigram tokens, about one a character; the ends are trimmed to whole words by _tidy.
+        # snippet() counts trigram tokens, one a character, and takes at most 64; a message the backfill has not
+        # reached yet has no row here and gets the scan's snippet.
         row = conn.execute(
             "SELECT snippet(message_search, 0, '', '', '…', ?) FROM message_search"
             " WHERE message_search MATCH ? AND rowid = ?",
