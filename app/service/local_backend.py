@@ -27,6 +27,7 @@ from app.service.workers import PROMPT, VISION, in_worker
 from engine import DynamicGeneratorAsync, DynamicJobAsync, SamplerSettings
 from engine.chat_prompt import encode_chat
 from engine.generator.filters import JSONFilter
+from engine.reasoning import ReasoningFormat, reasoning_format_of
 from engine.vision.embedding import MMEmbedding
 from engine.vision.prompt import DEFAULT_PLACEHOLDER, count_images
 
@@ -48,6 +49,11 @@ class LocalBackend:
     def name(self) -> str | None:
         """The model's display name (the Backend protocol's word for model_name)."""
         return self._loaded.name if self._loaded else None
+
+    @property
+    def reasoning_format(self) -> ReasoningFormat | None:
+        """How the model marks its thinking (from its chat template and vocabulary), None when it does not."""
+        return reasoning_format_of(self._loaded.template, self._loaded.tokenizer) if self._loaded else None
 
     @property
     def context_length(self) -> int:
@@ -212,6 +218,8 @@ class LocalBackend:
             stop_conditions=sorted(loaded.tokenizer.eos_token_ids),
             identifier=identifier,
             embeddings=unique or None,
+            # results then tell a reasoning model's thinking from its answer (engine.reasoning)
+            reasoning=reasoning_format_of(loaded.template, loaded.tokenizer),
             **filters,
         )
         self._jobs.add(job)

@@ -32,6 +32,7 @@ from app.service.backend import (
     user_message,
 )
 from app.service.generation import GenerationSettings
+from app.service.reasoning import THINK, answer_only, format_stats, split
 from app.store import StoreError
 from app.ui.answer_saves import PendingSaves
 from app.ui.message_view import MessageWidget
@@ -52,6 +53,8 @@ class _Stream:
     num_tokens: int = 0
     saved_text: str = ""
     eos: dict[str, Any] = field(default_factory=dict)
+    reasoning: Any = None  # the backend's ReasoningFormat (app.service.reasoning), None: no thinking in tags
+    inside: bool = False  # the prompt opened the reasoning block: the answer began as thinking
 
 
 def conversation(store: Any, chat_id: int, see_images: bool) -> tuple[list[dict[str, Any]], list[str]]:
@@ -68,6 +71,8 @@ def conversation(store: Any, chat_id: int, see_images: bool) -> tuple[list[dict[
         if see_images and m.role == "user" and m.images:
             messages.append(user_message(m.text, len(m.images)))
             shas += m.images
+        elif m.role == "assistant":  # its thinking stays out of the next prompt, as reasoning templates expect
+            messages.append({"role": m.role, "content": answer_only(m.text, m.stats)})
         else:
             messages.append({"role": m.role, "content": m.text})
     return messages, shas
@@ -165,14 +170,14 @@ class ChatAnswer(QObject):
         if job is not None and stopped:
             spawn(job.cancel(), name=f"stopped-before-start-{self.chat_id}")
         elif job is not None:
-            error = self._begin(job, settings, prompt_tokens)
+            error = self._begin(job, settings, prompt_tokens, getattr(backend, "reasoning_format", THINK))
         elif not error and not stopped:
             self.model_swapped.emit()
             return
         if self._job is None:  # nothing started: the tab is idle again
             self.ended.emit(error, False)
 
-    def _begin(self, job: AnswerJob, settings: GenerationSettings, prompt_tokens: int | None) -> str:
+    def _begin(self, job: AnswerJob, settings: GenerationSettings, prompt_tokens: int | None, reasoning: Any) -> str:
         """Store and show the answer's message and stream the job into it; a notice when it cannot be stored."""
         try:
             answer = self.store.add_message(self.chat_id, "assistant", "", settings=settings.to_dict(), complete=False)
@@ -183,7 +188,8 @@ class ChatAnswer(QObject):
         widget.set_streaming(True)
         self._job = job
         self._stopping = False
-        self._stream = _Stream(answer.id, widget, prompt_tokens, settings.json_mode)
+        self._stream = _Stream(answer.id, widget, prompt_tokens, settings.json_mode, reasoning=reasoning)
+        widget.set_reasoning_format(reasoning)
         self._save_timer.start(self._save_interval_ms())
         self.began.emit()
         self._task = spawn(self._run(job, self._stream), name=f"chat-{self.chat_id}")
@@ -198,6 +204,11 @@ class ChatAnswer(QObject):
                 token_ids = result.get("token_ids")
                 stream.num_tokens += int(token_ids.shape[-1]) if token_ids is not None else 0
                 chunk = result.get("text", "")
+                if result.get("reasoning") and not stream.inside and stream.reasoning is not None:
+                    # thinking came without its opening tag: the prompt's template opened the block
+                    stream.inside = not (stream.text + chunk).lstrip().startswith(stream.reasoning.start)
+                    if stream.inside:
+                        stream.widget.set_reasoning_format(stream.reasoning, inside=True)
                 if chunk:
                     stream.text += chunk
                     self.chunk_received.emit(chunk)
@@ -224,6 +235,10 @@ class ChatAnswer(QObject):
             stats = {"new_tokens": stream.num_tokens, "stopped": error is None}
             if error is not None:
                 stats["error"] = error
+        if stream.reasoning is not None and split(stream.text, stream.reasoning, stream.inside)[0]:
+            stats = {**stats, **format_stats(stream.reasoning, stream.inside)}  # shown apart when reopened
+            if stream.widget.thinking_seconds is not None:
+                stats["thinking_seconds"] = round(stream.widget.thinking_seconds, 2)
         self._write(stream, stats=stats, complete=complete)
         stream.widget.set_streaming(False)
         stream.widget.set_stats(stats)

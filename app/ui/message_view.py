@@ -24,8 +24,10 @@ from PySide6.QtWidgets import (
 )
 from shiboken6 import isValid
 
+from app.service.reasoning import split, stored_format
 from app.ui.rich_text import COPY_CODE_SCHEME, code_blocks, markdown_to_html, warm_up
 from app.ui.theme import is_dark
+from app.ui.thinking_block import ThinkingBlock
 
 RENDER_INTERVAL_MS = 80  # while streaming, re-render Markdown at most this often (the text itself is never lost)
 # ...and at most this share of the time: a long answer's render costs more, so it is redone less often.
@@ -182,6 +184,13 @@ class MessageWidget(QFrame):
         self.edit_button.setVisible(role == "user")
         self.regenerate_button.setVisible(False)
 
+        # A reasoning model's thinking, apart from its answer (engine.reasoning splits the text).
+        self.thinking = ThinkingBlock()
+        layout.addWidget(self.thinking)
+        # (format, whether the prompt opened the block so the text starts as thinking), kept in the stats
+        self._reasoning, self._inside = stored_format(stats) if role == "assistant" else (None, False)
+        self._think_started: float | None = None
+        self.thinking_seconds: float | None = (stats or {}).get("thinking_seconds")
         self.body = AutoHeightBrowser()
         self.body.anchorClicked.connect(self._link_clicked)
         layout.addWidget(self.body)
@@ -230,9 +239,22 @@ class MessageWidget(QFrame):
     def text(self) -> str:
         return self._text
 
+    def set_reasoning_format(self, fmt: Any, inside: bool = False) -> None:
+        """How this answer marks its thinking (None: it does not think in tags); `inside`: its prompt opened
+        the block, so the text begins as thinking (the R1 distills)."""
+        self._reasoning, self._inside = fmt, inside
+        self._render()
+
+    @property
+    def answer_text(self) -> str:
+        """The text without its thinking: what is shown as the answer, copied and exported as it."""
+        return self._split()[1]
+
     def set_text(self, text: str) -> None:
         """Show `text`; while streaming the Markdown re-render is coalesced to RENDER_INTERVAL_MS."""
         self._text = text
+        if self._streaming and self._reasoning is not None and self.thinking_seconds is None:
+            self._time_thinking(text)
         if not self._streaming:
             self._render()
         elif not self._render_timer.isActive():
@@ -259,7 +281,18 @@ class MessageWidget(QFrame):
         self.regenerate_button.setVisible(can_regenerate)
 
     def copy_text(self) -> None:
-        QGuiApplication.clipboard().setText(self._text)
+        QGuiApplication.clipboard().setText(self.answer_text)
+
+    def _split(self) -> tuple[str, str]:
+        return split(self._text, self._reasoning, self._inside)
+
+    def _time_thinking(self, text: str) -> None:
+        """Thinking runs from the first streamed text inside the block to its closing tag."""
+        fmt = self._reasoning
+        if self._think_started is None and (self._inside or text.lstrip().startswith(fmt.start)):
+            self._think_started = time.monotonic()
+        if self._think_started is not None and fmt.end in text:
+            self.thinking_seconds = time.monotonic() - self._think_started
 
     def showEvent(self, event) -> None:  # noqa: N802 (Qt's name)
         super().showEvent(event)
@@ -272,15 +305,18 @@ class MessageWidget(QFrame):
         if self.role == "user":
             self.body.setPlainText(self._text)  # what the user typed, exactly
         else:
+            reasoning, answer = self._split()
+            thinking = self._streaming and self._think_started is not None and self.thinking_seconds is None
+            self.thinking.set_reasoning(reasoning, thinking, self.thinking_seconds)
             # Code blocks carry their own colours (pygments), so they are picked for the scheme in use.
-            self.body.setHtml(markdown_to_html(self._text, dark=is_dark()) or "<i>…</i>")
+            self.body.setHtml(markdown_to_html(answer, dark=is_dark()) or ("" if reasoning else "<i>…</i>"))
         # Rendering the whole text grows with it: space the next streaming render so it takes RENDER_SHARE.
         spent_ms = (time.perf_counter() - started) * 1000
         self._render_timer.setInterval(max(RENDER_INTERVAL_MS, math.ceil(spent_ms / RENDER_SHARE)))
 
     def _link_clicked(self, url: QUrl) -> None:
         if url.scheme() == COPY_CODE_SCHEME:
-            blocks = code_blocks(self._text)
+            blocks = code_blocks(self.answer_text)
             index = int(url.path() or 0)
             if 0 <= index < len(blocks):
                 QGuiApplication.clipboard().setText(blocks[index])

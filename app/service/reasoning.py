@@ -1,0 +1,44 @@
+"""Reasoning in stored answers: how an answer marks its thinking, kept with it, and the split the window shows.
+
+The engine's parser (engine.reasoning) does the splitting, the one the server uses too; this module is the
+app's side of it. An answer is stored as the model wrote it, tags included, with its format in the stats:
+
+    stats["reasoning"] = {"start": "<think>", "end": "</think>", "inside": false}   (inside: the prompt
+    opened the block)   and   stats["thinking_seconds"] = 12.3
+
+so a chat reopened under another model still shows its thinking apart, and the history sent next turn
+leaves the thinking out, as reasoning models' templates expect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from engine.reasoning import ReasoningFormat, split_reasoning
+
+THINK = ReasoningFormat()  # <think>...</think>, what reasoning models use unless their template says otherwise
+
+
+def stored_format(stats: Mapping[str, Any] | None) -> tuple[ReasoningFormat, bool]:
+    """(format, inside) kept with an answer; the <think> tags, not inside, for an answer that kept none."""
+    kept = (stats or {}).get("reasoning")
+    if isinstance(kept, Mapping) and isinstance(kept.get("start"), str) and isinstance(kept.get("end"), str):
+        return ReasoningFormat(kept["start"], kept["end"]), kept.get("inside") is True
+    return THINK, False
+
+
+def format_stats(fmt: ReasoningFormat, inside: bool) -> dict[str, Any]:
+    return {"reasoning": {"start": fmt.start, "end": fmt.end, "inside": inside}}
+
+
+def split(text: str, fmt: ReasoningFormat | None, inside: bool = False) -> tuple[str, str]:
+    """(thinking, answer) of an answer's text."""
+    if fmt is None:
+        return "", text
+    return split_reasoning(text, fmt, fmt.start if inside else "")
+
+
+def answer_only(text: str, stats: Mapping[str, Any] | None) -> str:
+    """A stored answer without its thinking, for the next turn's prompt."""
+    return split(text, *stored_format(stats))[1]
