@@ -85,6 +85,11 @@ def read_model_info(path: str | Path) -> ModelInfo:
             raise ModelLoadError(f"{path} is not a .gguf file. Choose a .gguf file or a Hugging Face model folder.")
         stat = path.stat()
         info = _gguf_info(path.resolve(), stat.st_mtime_ns, stat.st_size)
+        if info.engine_architecture is not None:
+            from engine.loading.mmproj import paired_mmproj
+
+            # Looked up outside the cache, keyed by the text file: a projector may be put beside it later.
+            info = replace(info, can_see_images=paired_mmproj(path) is not None)
         # The card names the file as the user gave it (a link keeps its own name); the cache, its target.
         return info if info.path == path else replace(info, path=path, name=path.stem)
     return _folder_info(path)
@@ -140,7 +145,7 @@ def _gguf_info(path: Path, mtime_ns: int, size: int) -> ModelInfo:
         num_parameters=sum(elements.values()),
         quantization=gguf_file_type_name(metadata.get("general.file_type")) or _dominant_type(elements),
         context_length=config.max_position_embeddings if config else (context if isinstance(context, int) else None),
-        can_see_images=False,  # a GGUF vision model keeps its tower in a separate mmproj file, not read here
+        can_see_images=False,  # a GGUF vision model keeps its tower in an mmproj file: read_model_info looks
         **_kv_shape(config),
         packed_bytes=packed_bytes,
         num_float_parameters=num_float,

@@ -23,12 +23,12 @@ from typing import Any
 import torch
 
 from engine.config import ModelConfig
-from engine.errors import CorruptFileError
+from engine.errors import CorruptFileError, ModelLoadError
 from engine.gguf_file import GGUFFile
 from engine.loading.gguf_tensors import check_types, dequantize
 from engine.loading.mmproj_families import FAMILIES, MmprojError
 
-__all__ = ["MmprojError", "VisionPart", "assemble", "find_mmproj", "pair_mmproj", "read_mmproj"]
+__all__ = ["MmprojError", "VisionPart", "assemble", "find_mmproj", "pair_mmproj", "paired_mmproj", "read_mmproj"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,18 @@ def find_mmproj(text_path: Path) -> Path | None:
             "pass the one that belongs to this model as mmproj=."
         )
     return found[0] if found else None
+
+
+def paired_mmproj(text_path: Path) -> Path | None:
+    """The mmproj beside a text GGUF whose projector type Tandem pairs, from headers alone (its width and image
+    token are checked at load), or None: what a model card needs to say the model sees images."""
+    try:
+        found = find_mmproj(text_path)
+        meta = GGUFFile.open(found).metadata if found is not None else {}
+    except ModelLoadError:
+        return None  # several candidates or an unreadable file: loading says which
+    is_vision = meta.get("general.architecture") == "clip" and meta.get("clip.has_vision_encoder", False)
+    return found if is_vision and meta.get("clip.projector_type", "mlp") in FAMILIES else None
 
 
 def read_mmproj(

@@ -301,6 +301,21 @@ def test_mmproj_beside_the_text_file_is_found(pair):
     assert type(found) is type(from_folder) and vision_of(found) is not None
 
 
+def test_the_model_card_sees_images_while_a_pairable_mmproj_lies_beside(pair, tmp_path):
+    from engine.model_info import read_model_info
+
+    _, _, folder = pair
+    assert read_model_info(folder / "text.gguf").can_see_images
+    alone = Path(shutil.copy(folder / "text.gguf", tmp_path / "text.gguf"))
+    assert not read_model_info(alone).can_see_images
+    mmproj = next(folder.glob("mmproj-*.gguf"))
+    _copy_with(mmproj, tmp_path / "mmproj-other.gguf", **{"clip.projector_type": "cogvlm"})
+    assert not read_model_info(alone).can_see_images  # a projector Tandem does not pair
+    (tmp_path / "mmproj-other.gguf").unlink()
+    shutil.copy(mmproj, tmp_path / mmproj.name)
+    assert read_model_info(alone).can_see_images  # put beside it after the card first read the text file
+
+
 def _copy_with(src: Path, dst: Path, add_tensors: dict[str, np.ndarray] | None = None, **changes) -> Path:
     """`src` (a GGUF) written again with some metadata values changed (and float32 tensors added), by the
     installed gguf package."""
