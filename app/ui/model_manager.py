@@ -53,6 +53,14 @@ log = logging.getLogger(__name__)
 CONTEXT_SETTING = "model_context_tokens"  # the context models are loaded with (each capped at its own)
 
 
+def _is_projector(path: Path) -> bool:
+    """Whether a .gguf file is llama.cpp's multimodal projector ("clip" architecture) rather than a model."""
+    try:
+        return model_info(path).architecture == "clip"
+    except Exception:  # unreadable: loading it names what is wrong
+        return False
+
+
 def supported_text() -> str:
     """The architectures the engine runs, text and vision, for the dialog's help line."""
     vision = set(vision_architectures())
@@ -227,6 +235,13 @@ class ModelManager(QDialog):
             return None
         if p.is_file() and p.suffix.lower() != ".gguf":
             self.show_error(f"{p} is not a .gguf file. Choose a .gguf file or a Hugging Face model folder.")
+            return None
+        if p.is_file() and _is_projector(p):
+            # Jan once listed a downloaded mmproj as a model of its own; here it belongs with its text file.
+            self.show_error(
+                f"{p.name} is a vision projector (mmproj), not a model. Add the text .gguf that came with it; "
+                "Tandem finds the projector beside it and the model sees images."
+            )
             return None
         # Contents are checked when the model loads, where the error can name the exact file at fault.
         entry = self.store.add_model(str(p.resolve()), name or model_display_name(p), kind)

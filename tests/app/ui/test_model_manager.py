@@ -282,6 +282,23 @@ def test_download_offline_says_so_quickly(qtbot, manager, store, monkeypatch):
     assert store.list_models() == []  # nothing half-downloaded was remembered
 
 
+def test_a_projector_file_is_not_added_as_a_model(manager, store, tmp_path):
+    import gguf
+
+    writer = gguf.GGUFWriter(str(tmp_path / "mmproj-model-f16.gguf"), "clip")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_string("clip.projector_type", "idefics3")
+    writer.add_tensor("v.post_ln.weight", np.ones(8, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    before = len(store.list_models())
+    assert manager.add_model(tmp_path / "mmproj-model-f16.gguf") is None
+    assert "vision projector (mmproj)" in manager.error_label.text() and "text .gguf" in manager.error_label.text()
+    assert len(store.list_models()) == before
+
+
 def test_manager_names_the_architectures_it_runs_and_marks_vision_models(manager, tiny_llava_folder):
     text = manager.supported_label.text()
     for arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM"):
