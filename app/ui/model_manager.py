@@ -340,7 +340,9 @@ class ModelManager(QDialog):
         self._pending = None
         self.progress_bar.setValue(PROGRESS_STEPS)
         self.progress_bar.hide()
-        self.status_label.setText(f"Loaded: {name}")
+        # A GGUF whose projector could not be paired loads text-only: say why pictures will not be seen.
+        reason = getattr(self.service.model, "vision_error", None)
+        self.status_label.setText(f"Loaded: {name}" + (f". Images are off: {reason}" if reason else ""))
         self.refresh()
         self.speculation_box.show_speculation(self.service.speculation)
 

@@ -282,21 +282,39 @@ def test_download_offline_says_so_quickly(qtbot, manager, store, monkeypatch):
     assert store.list_models() == []  # nothing half-downloaded was remembered
 
 
-def test_a_projector_file_is_not_added_as_a_model(manager, store, tmp_path):
+def write_projector(path: Path, projector_type: str) -> Path:
+    """A header-only llama.cpp projector file (mmproj): what the manager and the loader read first."""
     import gguf
 
-    writer = gguf.GGUFWriter(str(tmp_path / "mmproj-model-f16.gguf"), "clip")
+    writer = gguf.GGUFWriter(str(path), "clip")
     writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_string("clip.projector_type", "idefics3")
+    writer.add_string("clip.projector_type", projector_type)
+    writer.add_uint32("clip.vision.projection_dim", 64)
     writer.add_tensor("v.post_ln.weight", np.ones(8, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return path
+
+
+def test_a_projector_file_is_not_added_as_a_model(manager, store, tmp_path):
+    write_projector(tmp_path / "mmproj-model-f16.gguf", "idefics3")
     before = len(store.list_models())
     assert manager.add_model(tmp_path / "mmproj-model-f16.gguf") is None
     assert "vision projector (mmproj)" in manager.error_label.text() and "text .gguf" in manager.error_label.text()
     assert len(store.list_models()) == before
+
+
+def test_a_gguf_whose_projector_cannot_pair_loads_text_only_and_says_why(run, manager, service, tmp_path):
+    text = write_tiny_gguf(tmp_path / "small-llama.gguf")
+    write_projector(tmp_path / "mmproj-small-llama.gguf", "cogvlm")
+    manager.add_model(text)
+    ok, _, _ = load_through(run, manager, text)
+    assert ok and service.model_path == text.resolve()
+    status = manager.status_label.text()
+    assert status.startswith("Loaded: small-llama. Images are off: ") and "'cogvlm' projector" in status
+    assert answer(run, service) is not None  # the text model works
 
 
 def test_manager_names_the_architectures_it_runs_and_marks_vision_models(manager, tiny_llava_folder):
