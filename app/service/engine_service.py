@@ -1,7 +1,7 @@
 """EngineService: the app's one bridge to the engine — the loaded model, its cache, and one async generator.
 
     GUI thread (qasync event loop)                  loader thread               engine thread
-    load_model(path) -> task  --- start --------->  fetch / download (opt.)
+    load_model(path) -> task  --- start --------->  fetch the starter (opt.)
         loading_progress  <--- call_soon_threadsafe  Model.load, tokenizer,
                                                      cache
         swap: new generator in, old jobs cancelled, old generator closed ---->  (old thread ends)
