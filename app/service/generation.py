@@ -44,6 +44,7 @@ class GenerationSettings:
     seed: int | None = None  # None: a random seed for each answer (see `seeded`)
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     json_mode: bool = False  # hold the answer to one JSON object
+    thinking: bool | None = None  # a reasoning model's enable_thinking (template variable); None: its default
 
     def __post_init__(self) -> None:
         if self.seed is not None and not 0 <= int(self.seed) <= MAX_SEED:
@@ -83,6 +84,7 @@ class GenerationSettings:
             seed=None if values["seed"] is None else int(values["seed"]),
             max_new_tokens=int(values["max_new_tokens"]),
             json_mode=has_json_mode(settings),
+            thinking=thinking_of(settings),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,6 +94,8 @@ class GenerationSettings:
         out["max_new_tokens"] = self.max_new_tokens
         if self.json_mode:
             out["json_mode"] = True
+        if self.thinking is not None:
+            out["thinking"] = self.thinking
         return out
 
 
@@ -133,6 +137,21 @@ def with_json_mode(settings: Mapping[str, Any] | None, on: bool) -> dict[str, An
     out = {k: v for k, v in (settings or {}).items() if k != "json_mode"}
     if on:
         out["json_mode"] = True
+    return out
+
+
+def thinking_of(settings: Mapping[str, Any] | None) -> bool | None:
+    """A stored settings dict's thinking switch: True, False, or None (absent: the model's own default). Like
+    JSON mode it is the chat's own switch, kept beside the preset's fields."""
+    value = (settings or {}).get("thinking")
+    return value if isinstance(value, bool) else None
+
+
+def with_thinking(settings: Mapping[str, Any] | None, on: bool | None) -> dict[str, Any]:
+    """A stored settings dict with the thinking switch set (None removes it: the model's default)."""
+    out = {k: v for k, v in (settings or {}).items() if k != "thinking"}
+    if on is not None:
+        out["thinking"] = bool(on)
     return out
 
 

@@ -92,7 +92,8 @@ class LocalBackend:
         embeddings = await self.embed_images(images) if images else None
         if self._loaded is not loaded:
             raise ModelSwapped(f"{loaded.name} was replaced while the images were being read")
-        input_ids = await in_worker(self.encode_chat, messages, system_prompt, embeddings, pool=PROMPT)
+        options = {"enable_thinking": settings.thinking} if settings.thinking is not None else {}
+        input_ids = await in_worker(self.encode_chat, messages, system_prompt, embeddings, options, pool=PROMPT)
         if self._loaded is not loaded:
             raise ModelSwapped(f"{loaded.name} was replaced while the prompt was being built")
         num_prompt, context = int(input_ids.shape[-1]), loaded.context_length
@@ -133,6 +134,7 @@ class LocalBackend:
         messages: Sequence[Mapping[str, Any]],
         system_prompt: str = "",
         images: Sequence[MMEmbedding] | None = None,
+        template_options: Mapping[str, Any] | None = None,
     ) -> torch.Tensor:
         """Token ids [1, n] of a conversation in the model's chat template, ending with the reply prompt.
 
@@ -150,7 +152,8 @@ class LocalBackend:
         images = list(images or ())
         if (images or count_images(messages)) and loaded.vision is None:
             raise ValueError(no_vision_message(loaded.name))
-        return encode_chat(loaded.tokenizer, loaded.template, messages, images, self.image_placeholder)
+        options = template_options or {}
+        return encode_chat(loaded.tokenizer, loaded.template, messages, images, self.image_placeholder, **options)
 
     def count_tokens(
         self,

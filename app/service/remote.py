@@ -43,7 +43,7 @@ DEFAULT_TIMEOUT = 120.0  # seconds to connect, and between two pieces of a reply
 
 # Sampler fields beyond OpenAI's that vLLM, SGLang and our own server take (llama-server names the
 # penalty repeat_penalty). Sent only when they change something; dropped for a server that refuses them.
-OPTIONAL_FIELDS = ("top_k", "min_p", "repetition_penalty", "repeat_penalty")
+OPTIONAL_FIELDS = ("top_k", "min_p", "repetition_penalty", "repeat_penalty", "chat_template_kwargs")
 
 
 class RemoteBackend:
@@ -237,6 +237,8 @@ class RemoteBackend:
             body["seed"] = int(settings.seed)
         if settings.json_mode:
             body["response_format"] = {"type": "json_object"}
+        if settings.thinking is not None:  # vLLM's and Tandem's servers pass these to the chat template
+            body["chat_template_kwargs"] = {"enable_thinking": settings.thinking}
         return body
 
     def _remember_optional_refused(self) -> None:

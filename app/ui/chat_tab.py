@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 from app.service.backend import (
     Backend,
 )
-from app.service.generation import complete_settings, has_json_mode, with_json_mode
+from app.service.generation import complete_settings, has_json_mode, thinking_of, with_json_mode, with_thinking
 from app.store import StoreError
 from app.ui.answer_saves import RETRY_INTERVAL_MS, PendingSaves
 from app.ui.chat_answer import ChatAnswer, conversation
@@ -107,8 +107,9 @@ class ChatTab(AttachingImages, QWidget):
         return complete_settings(self.chat.settings)
 
     def set_settings(self, settings: dict[str, Any]) -> None:
-        """Use and save `settings` for this chat's next answers; the chat keeps its JSON mode."""
-        self.store.update_chat(self.chat_id, settings=with_json_mode(settings, self.json_mode))
+        """Use and save `settings` for this chat's next answers; the chat keeps its JSON mode and thinking switch."""
+        kept = with_thinking(with_json_mode(settings, self.json_mode), self.thinking)
+        self.store.update_chat(self.chat_id, settings=kept)
         self.chat = self.store.get_chat(self.chat_id)
 
     @property
@@ -124,6 +125,20 @@ class ChatTab(AttachingImages, QWidget):
             self.chat = self.store.get_chat(self.chat_id)
         if self.json_mode_box.isChecked() != on:
             self.json_mode_box.setChecked(on)  # called from code: keep the box in step
+
+    @property
+    def thinking(self) -> bool | None:
+        """This chat's thinking switch for reasoning models (None: the model's default, which is on)."""
+        return thinking_of(self.chat.settings)
+
+    def set_thinking(self, on: bool) -> None:
+        """Let a reasoning model think (on) or answer at once (off) in this chat's next answers; saved."""
+        on = bool(on)
+        if on != (self.thinking is not False):
+            self.store.update_chat(self.chat_id, settings=with_thinking(self.chat.settings, on))
+            self.chat = self.store.get_chat(self.chat_id)
+        if self.thinking_box.isChecked() != on:
+            self.thinking_box.setChecked(on)
 
     def rename(self, title: str) -> None:
         title = " ".join(title.split())
@@ -158,8 +173,13 @@ class ChatTab(AttachingImages, QWidget):
         widget.regenerate_requested.connect(self.regenerate)
         return self.view.add_message(widget)
 
+    def _update_thinking_box(self) -> None:
+        fmt = getattr(self.backend, "reasoning_format", None)
+        self.thinking_box.setVisible(bool(fmt is not None and fmt.toggle))  # only where the template reads it
+
     def _update_controls(self) -> None:
         streaming = self.is_streaming
+        self._update_thinking_box()
         self.send_button.setEnabled(not streaming)
         self.stop_button.setEnabled(streaming)
         widgets = self.view.message_widgets()
@@ -341,6 +361,7 @@ class ChatTab(AttachingImages, QWidget):
     def refresh_context_meter(self) -> asyncio.Task | None:
         """Count the tokens the conversation takes in the model's context (on a worker thread: it renders the
         chat template); returns the counting task, None when no model is loaded."""
+        self._update_thinking_box()  # the model (or backend) may have changed: does it have the switch?
         if not self.backend.is_loaded:
             self.context_meter.show_no_model()
             return None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
@@ -88,10 +87,22 @@ def build_chat_tab(tab: Any) -> None:
     )
     tab.json_mode_box.setChecked(tab.json_mode)
     tab.json_mode_box.toggled.connect(tab.set_json_mode)
+    tab.thinking_box = QCheckBox("Think")
+    tab.thinking_box.setObjectName("thinking")
+    tab.thinking_box.setToolTip(
+        "Let the model think before it answers (its thinking shows in a Thinking block). Off: it answers at "
+        "once. Only for models whose chat template has the switch (Qwen3). Saved with the chat."
+    )
+    tab.thinking_box.setChecked(tab.thinking is not False)
+    tab.thinking_box.toggled.connect(tab.set_thinking)
     # Beside the input rather than in the button row below, which sets the window's minimum width.
+    toggles = QVBoxLayout()
+    toggles.addWidget(tab.json_mode_box)
+    toggles.addWidget(tab.thinking_box)
+    toggles.addStretch()
     input_row = QHBoxLayout()
     input_row.addWidget(tab.input, 1)
-    input_row.addWidget(tab.json_mode_box, 0, Qt.AlignmentFlag.AlignTop)
+    input_row.addLayout(toggles)
     layout.addLayout(input_row)
 
     row = QHBoxLayout()

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from app.service import EngineService
+from app.service.generation import GenerationSettings
 from app.service.reasoning import answer_only
+from app.service.remote import RemoteBackend
 from app.ui.chat_answer import conversation
 from app.ui.message_view import MessageWidget
 
@@ -80,3 +82,53 @@ def test_a_closed_block_is_shown_apart_and_left_out_of_history(qtbot):
     qtbot.addWidget(plain)
     plain.show()
     assert not plain.thinking.isVisible() and plain.answer_text == "Just an answer."
+
+
+@pytest.fixture
+def qwen3_service(tmp_path, reasoning_models, run):
+    folder = tmp_path / "qwen3"
+    folder.mkdir()
+    reasoning_models.tiny_qwen3(folder, reasoning_models.QWEN3_STYLE)
+    service = EngineService(dtype=torch.float32)
+
+    async def load():
+        service.load_model(folder, "tiny-qwen3")
+        return await service.wait_loaded()
+
+    assert run(load())
+    yield service
+    run(service.close())
+
+
+def test_the_think_switch_reaches_the_template_and_is_saved_with_the_chat(qwen3_service, app_store, run, ui):
+    window = ui.open_window(app_store, qwen3_service)
+    try:
+        tab = window.current_tab()
+        run(ui.wait_for(lambda: tab.thinking_box.isVisible(), what="the Think switch for a Qwen3-style template"))
+        assert tab.thinking_box.isChecked() and tab.thinking is None  # the model's default: thinking on
+        tab.thinking_box.setChecked(False)
+        assert tab.thinking is False and app_store.get_chat(tab.chat_id).settings["thinking"] is False
+        tab.set_settings(ui.greedy_settings(qwen3_service, 6))  # a preset keeps the chat's switch
+        assert tab.thinking is False
+        settings = GenerationSettings.from_dict(app_store.get_chat(tab.chat_id).settings)
+        assert settings.thinking is False and settings.to_dict()["thinking"] is False
+        ids = qwen3_service.encode_chat([{"role": "user", "content": "Hi"}], "", None, {"enable_thinking": False})
+        assert qwen3_service.tokenizer.decode(ids, decode_special_tokens=True).endswith("<think>\n\n</think>\n\n")
+        tab.input.setPlainText("Colours?")
+
+        async def send():
+            assert tab.send()
+            await ui.wait_idle(window)
+
+        run(send())
+        answer = app_store.messages(tab.chat_id)[-1]
+        assert answer.complete and "reasoning" not in answer.stats  # the template closed the block: no thinking
+        assert RemoteBackend("http://h/v1", model="m").request_body([], settings)["chat_template_kwargs"] == {
+            "enable_thinking": False
+        }
+    finally:
+        run(ui.close_window(window))
+
+
+def test_models_without_the_switch_hide_it(window):
+    assert not window.current_tab().thinking_box.isVisible()  # the tiny Llama's ChatML has no reasoning
