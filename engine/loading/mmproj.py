@@ -45,16 +45,30 @@ class VisionPart:
 
 
 def find_mmproj(text_path: Path) -> Path | None:
-    """The one `mmproj*.gguf` beside a text GGUF (how llama.cpp, LM Studio and Ollama ship the pair), or None.
+    """The `mmproj*.gguf` beside a text GGUF (how llama.cpp, LM Studio and Ollama ship the pair), or None.
 
-    Several candidates are ambiguous: none is picked, and the caller says which to pass as `mmproj=`."""
+    Several candidates (one folder of downloads) narrow to those whose projection width is the text model's
+    embedding width; still several is ambiguous: none is picked, and the error says to pass one as `mmproj=`."""
     found = sorted(p for p in text_path.parent.glob("*.gguf") if p.name.lower().startswith("mmproj") and p != text_path)
     if len(found) > 1:
+        text = GGUFFile.open(text_path)
+        width = text.metadata.get(f"{text.architecture}.embedding_length")
+        fitting = [p for p in found if _projection_width(p) == width]
+        if len(fitting) == 1:
+            return fitting[0]
         raise MmprojError(
-            f"{text_path.parent} holds several projector files ({', '.join(p.name for p in found)}); "
-            "pass the one that belongs to this model as mmproj=."
+            f"{text_path.parent} holds several projector files ({', '.join(p.name for p in found)}) and "
+            f"{'none' if not fitting else 'more than one'} fits {text_path.name}'s width; pass the one that "
+            "belongs to this model as mmproj=."
         )
     return found[0] if found else None
+
+
+def _projection_width(path: Path) -> int | None:
+    try:
+        return GGUFFile.open(path).metadata.get("clip.vision.projection_dim")
+    except ModelLoadError:
+        return None  # not a readable projector: never the one picked
 
 
 def paired_mmproj(text_path: Path) -> Path | None:

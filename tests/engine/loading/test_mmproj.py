@@ -399,6 +399,20 @@ def _tokens(path: Path) -> list[str]:
     return list(GGUFFile.open(path).metadata["tokenizer.ggml.tokens"])
 
 
+def test_of_several_projectors_beside_the_text_file_the_one_of_its_width_is_taken(pair, tmp_path):
+    from_folder, _, folder = pair
+    mmproj = next(folder.glob("mmproj-*.gguf"))
+    text = Path(shutil.copy(folder / "text.gguf", tmp_path / "text.gguf"))
+    _copy_with(mmproj, tmp_path / "mmproj-another-model.gguf", **{"clip.vision.projection_dim": 4096})
+    shutil.copy(mmproj, tmp_path / "mmproj-z.gguf")
+    model = Model.load(text, dtype=torch.float32)
+    assert type(model) is type(from_folder) and model.vision_error is None
+    shutil.copy(mmproj, tmp_path / "mmproj-y.gguf")  # two that fit: which is meant cannot be told
+    model = Model.load(text, dtype=torch.float32)
+    assert vision_of(model) is None and "several projector files" in model.vision_error
+    assert "mmproj=" in model.vision_error
+
+
 def test_a_named_mmproj_that_is_missing_or_not_a_projector_is_an_error(pair, tmp_path):
     _, _, folder = pair
     with pytest.raises(MissingFileError, match="does not exist"):
