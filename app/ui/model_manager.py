@@ -41,16 +41,17 @@ from app.service.catalog import (
     vision_architectures,
 )
 from app.service.memory_plan import DEFAULT_CONTEXT_TOKENS
+from app.service.remote_endpoints import saved_endpoint
 from app.service.speculation import Speculation, load_speculation
 from app.ui.download_box import PROGRESS_STEPS, DownloadBox
 from app.ui.model_card import ModelCard
 from app.ui.model_list import DEMO_KIND, KIND_ROLE, PATH_ROLE, STARTER_KIND, ModelList, same_path
+from app.ui.model_loading import CONTEXT_SETTING, LoadProgress
+from app.ui.remote_dialog import ask_remote
 from app.ui.speculation_box import SpeculationBox
 from app.ui.theme import mark
 
 log = logging.getLogger(__name__)
-
-CONTEXT_SETTING = "model_context_tokens"  # the context models are loaded with (each capped at its own)
 
 
 def _is_projector(path: Path) -> bool:
@@ -68,7 +69,7 @@ def supported_text() -> str:
     return f"Runs text models: {', '.join(text)}.\nRuns vision models: {', '.join(sorted(vision))}."
 
 
-class ModelManager(QDialog):
+class ModelManager(LoadProgress, QDialog):
     """Lists the starter, the bundled demo vision model and the user's models, adds local ones, downloads
     from the hub, and loads one.
 
@@ -99,6 +100,11 @@ class ModelManager(QDialog):
         self.add_folder_button = QPushButton("Add folder…")
         self.add_gguf_button = QPushButton("Add .gguf file…")
         self.remove_button = QPushButton("Remove")
+        self.remote_button = QPushButton("Use a remote server…")
+        self.remote_button.setToolTip(
+            "Chat through a model on another machine: a vLLM, llama.cpp (llama-server) or Tandem server"
+        )
+        self.remote_button.clicked.connect(self._use_remote)
         self.load_button = QPushButton("Load")
         self.load_button.setDefault(True)
         self.add_folder_button.clicked.connect(self._choose_folder)
@@ -106,7 +112,7 @@ class ModelManager(QDialog):
         self.remove_button.clicked.connect(self._remove_selected)
         self.load_button.clicked.connect(self.load_selected)
         buttons = QHBoxLayout()
-        for b in (self.add_folder_button, self.add_gguf_button, self.remove_button):
+        for b in (self.add_folder_button, self.add_gguf_button, self.remove_button, self.remote_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         buttons.addWidget(self.load_button)
@@ -263,6 +269,12 @@ class ModelManager(QDialog):
 
     # --- loading -------------------------------------------------------------------------------------------
 
+    def _use_remote(self) -> None:
+        """The window's remote-server dialog (its switch covers every tab), over this manager."""
+        window = self.parent()
+        if hasattr(window, "backends"):
+            ask_remote(window, saved_endpoint(self.store))
+
     def load_selected(self) -> None:
         path = self.selected_path()
         if path is None:
@@ -305,47 +317,6 @@ class ModelManager(QDialog):
         self._pending = (path, name or model_display_name(path))
         self.service.load_model(path, name, context)
 
-    def _context_for(self, path: str) -> int:
-        """The context `path` loads with: the card's setting, at most the model's own."""
-        try:
-            own = model_info(path).context_length
-        except Exception:  # the load will say what is wrong with the file
-            own = None
-        return min(self.context_setting(), own) if own else self.context_setting()
-
-    def _on_memory_refused(self, path: str, fitting_context: int) -> None:
-        self._fit_offer = (path, fitting_context) if fitting_context > 0 else None
-
-    def _load_offered_context(self) -> None:
-        """Load the refused model again with the longest context that fits (it becomes the chosen context)."""
-        if self._fit_offer is None:
-            return
-        path, context = self._fit_offer
-        self.store.set_setting(CONTEXT_SETTING, context)
-        self.select_path(path)  # the card shows the model and its new context
-        self.load(path, context)
-
-    def _on_loading_started(self, name: str) -> None:
-        self.fit_button.hide()
-        self.progress_bar.show()
-        self.progress_bar.setValue(0)
-        self.load_button.setEnabled(False)
-        self.status_label.setText(f"Loading {name}…")
-
-    def _on_loading_progress(self, fraction: float) -> None:
-        self.progress_bar.show()
-        self.progress_bar.setValue(round(max(0.0, min(1.0, fraction)) * PROGRESS_STEPS))
-
-    def _on_model_loaded(self, name: str) -> None:
-        self._pending = None
-        self.progress_bar.setValue(PROGRESS_STEPS)
-        self.progress_bar.hide()
-        # A GGUF whose projector could not be paired loads text-only: say why pictures will not be seen.
-        reason = getattr(self.service.model, "vision_error", None)
-        self.status_label.setText(f"Loaded: {name}" + (f". Images are off: {reason}" if reason else ""))
-        self.refresh()
-        self.speculation_box.show_speculation(self.service.speculation)
-
     # --- speculation ---------------------------------------------------------------------------------------
 
     def speculation(self) -> Speculation:
@@ -355,23 +326,6 @@ class ModelManager(QDialog):
     def set_speculation(self, speculation: Speculation) -> asyncio.Task[bool]:
         """Save `speculation`, show it, and have the service use it (returns the service's task)."""
         return self.speculation_box.set_speculation(speculation)
-
-    def _on_load_failed(self, message: str) -> None:
-        path = self._pending[0] if self._pending else None
-        self._pending = None
-        self.progress_bar.hide()
-        self._update_buttons()
-        # Name the file even when the message does not (the service's usually does).
-        prefix = f"Could not load {path}:\n" if path and path not in message else ""
-        kept = f"\nThe previous model, {self.service.model_name}, is still loaded." if self.service.is_loaded else ""
-        self.show_error(prefix + message + kept)
-        self.status_label.setText(f"Loaded: {self.service.model_name}" if self.service.is_loaded else "")
-        offer, self._fit_offer = self._fit_offer, None
-        if offer is not None and same_path(offer[0], path):
-            self._fit_offer = offer
-            self.fit_button.setText(f"Load with a {offer[1]:,}-token context")
-            self.fit_button.show()
-        self.card.update_memory()
 
     def show_error(self, message: str) -> None:
         log.info("model manager: %s", message)

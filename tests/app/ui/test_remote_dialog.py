@@ -128,3 +128,16 @@ def test_remote_flags_need_each_other(capsys):
     with pytest.raises(SystemExit):
         main(["--remote", "http://h/v1", "--model", "starter"])
     assert "--remote" in capsys.readouterr().err
+
+
+def test_the_model_manager_offers_a_remote_server(server, window, run):
+    url, _ = server
+    window.store.set_setting(SETTING_KEY, {"url": url, "model": "tiny-remote", "sees_images": True})
+    window.show_model_manager()
+    window._model_manager.remote_button.click()
+    dialogs = [d for d in window.findChildren(RemoteDialog) if d.isVisible()]
+    assert len(dialogs) == 1  # the saved endpoint filled in
+    dialog = dialogs[0]
+    assert dialog.url.text() == url and dialog.models.currentText() == "tiny-remote" and dialog.sees_images.isChecked()
+    dialog.reject()
+    window._model_manager.close()
