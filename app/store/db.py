@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 
 from app.store.errors import StoreError
 from app.store.migrations import MIGRATIONS, Migration, check_compatible, migrate
-from app.store.search import ensure_index, fold, has_index, index_supported, index_wanted
+from app.store.search import fold
+from app.store.search_index import ensure_index, has_index, index_supported, index_wanted
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from app.store.errors import StoreError
-from app.store.search import ensure_index
+from app.store.search_index import ensure_index
 
 logger = logging.getLogger(__name__)
 

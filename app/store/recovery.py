@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.store.errors import StoreError
-from app.store.search import is_index_table
+from app.store.search_index import is_index_table
 from app.store.store import DB_FILE_NAME, Store
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from app.store.export import ExportMixin
 from app.store.migrations import MIGRATIONS, Migration
 from app.store.presets import BUILTIN_PRESETS_PATH, PresetsMixin
 from app.store.records import Preset
-from app.store.search import Backfill, indexed_from
+from app.store.search_index import Backfill, indexed_from
 from app.store.settings import SettingsMixin
 
 DB_FILE_NAME = "tandem.sqlite3"

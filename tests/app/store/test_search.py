@@ -13,10 +13,11 @@ import sqlite3
 import pytest
 
 from app.store import Store
-from app.store import search as search_module
+from app.store import search_index as search_module
 from app.store.migrations import MIGRATIONS
 from app.store.recovery import open_store
-from app.store.search import INDEX_ENV, backfill_step, connect, ensure_index, fold, has_index, indexed_from, search
+from app.store.search import connect, fold, search
+from app.store.search_index import INDEX_ENV, backfill_step, ensure_index, has_index, indexed_from
 
 WORDS = "alpha beta gamma delta über Straße café naïve zebra quokka kernel cache river train".split()
 
