@@ -44,6 +44,11 @@ def read_gguf_config(file: GGUFFile) -> ModelConfig:
 
 def _config_from_metadata(path: Path, arch: str, metadata: dict[str, Any], tensors: dict[str, Any]) -> ModelConfig:
     """Build the Hugging Face style config dict llama.cpp's converter flattened into `{arch}.*` keys."""
+    if arch == "clip":
+        raise UnsupportedArchitectureError(
+            f"{path} is a vision projector (mmproj), not a model. Load the text .gguf that came with it: the "
+            "projector beside it is paired with it (or pass mmproj=)."
+        )
     if arch not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
             f"{path} holds a {arch!r} model, which Tandem cannot run. Supported GGUF architectures: "

@@ -25,7 +25,7 @@ import transformers
 from PIL import Image, ImageDraw
 
 from engine.cache import Cache
-from engine.errors import MissingFileError
+from engine.errors import MissingFileError, UnsupportedArchitectureError
 from engine.generator.dynamic import DynamicGenerator
 from engine.generator.job import DynamicJob
 from engine.generator.sampler import SamplerSettings
@@ -419,3 +419,5 @@ def test_a_named_mmproj_that_is_missing_or_not_a_projector_is_an_error(pair, tmp
         Model.load(folder / "text.gguf", dtype=torch.float32, mmproj=tmp_path / "absent.gguf")
     with pytest.raises(Exception, match="not a projector file"):
         Model.load(folder / "text.gguf", dtype=torch.float32, mmproj=folder / "text.gguf")
+    with pytest.raises(UnsupportedArchitectureError, match=r"is a vision projector \(mmproj\), not a model"):
+        Model.load(next(folder.glob("mmproj-*.gguf")), dtype=torch.float32)
