@@ -235,7 +235,9 @@ BUILDERS = {
 SKIPPED = {
     "llava": "llama.cpp 0.3.36's convert_hf_to_gguf.py --mmproj reads LlavaForConditionalGeneration only with a "
     "Pixtral tower; CLIP and SigLIP towers are rejected ('Unsupported model type')",
-    "gemma3": "the text GGUF is llama.cpp's 'gemma3' architecture, which Tandem's GGUF reader does not run yet",
+    "gemma3": "the text GGUF is llama.cpp's 'gemma3' architecture, which Tandem's GGUF reader does not run yet; "
+    "and llama.cpp 0.3.36's --mmproj cannot map the tower of a Gemma 3 saved by transformers 5 "
+    "('Can not map tensor vision_tower.embeddings.patch_embedding.bias')",
 }
 
 
