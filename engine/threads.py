@@ -90,6 +90,7 @@ class ThreadPolicy:
         if threads != self.threads:
             log.info("other programs keep %.1f cores busy: computing on %d thread(s)", self.others, threads)
             self.threads = threads
+        if torch.get_num_threads() != threads:  # torch's count is process-wide: another policy may have moved it
             torch.set_num_threads(threads)
         return threads
 

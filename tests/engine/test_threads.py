@@ -82,3 +82,13 @@ def test_cpu_generators_share_one_policy_and_can_do_without(starter_gguf):
     assert first.threads is not None and first.threads is second.threads
     fixed = DynamicGenerator(model, Cache(model, max_seq_len=256, page_size=256), model.tokenizer, adapt_threads=False)
     assert fixed.threads is None
+
+
+def test_a_reading_puts_torch_back_where_another_policy_left_it(restore_threads):
+    # torch's count is process-wide: a generator's shared policy lowered it while a converter ran beside the
+    # suite, and a new policy for 2 threads believed torch was at 2 (the full suite failed on it).
+    torch.set_num_threads(1)
+    machine = FakeMachine()
+    policy = machine.policy(2)
+    machine.run(0.6, ours=1.9, others=0.0)
+    assert policy.update() == 2 and torch.get_num_threads() == 2
