@@ -1,7 +1,8 @@
-"""Screenshots of the main window with two chats, saved to test-artifacts/ (docs/screenshots/ holds copies).
+"""Screenshots of the main window with two chats, saved to test-artifacts/ (offscreen renders, for review).
 
 The tiny random model writes noise; set TANDEM_SCREENSHOT_MODEL to a model path, or to "starter", to take
-them with a real model (the README's screenshots come from `TANDEM_SCREENSHOT_MODEL=starter`).
+them with a real model. The README's pictures in docs/screenshots/ come from the real window under Xvfb,
+light and dark: tools/take_screenshots.py.
 """
 
 from __future__ import annotations
