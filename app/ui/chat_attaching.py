@@ -43,7 +43,11 @@ class AttachingImages:
         finally:
             self._num_attaching -= 1
         if problems:
-            self.show_notice("\n".join(problems))
+            self._attach_problem = "\n".join(problems)
+            self.show_notice(self._attach_problem)
+        elif getattr(self, "_attach_problem", "") and self.notice_text() == self._attach_problem:
+            self.clear_notice()  # a good attach after a refused one: the refusal is old news
+            self._attach_problem = ""
 
     def _pick_files(self) -> None:
         dialog = QFileDialog(self, "Attach images", "", IMAGE_FILE_FILTER)
@@ -63,5 +67,6 @@ class AttachingImages:
         elif mime.hasImage():
             self.attach_image(QImage(mime.imageData()))
         else:
-            self.show_notice("Only image files can be attached.")
+            self._attach_problem = "Only image files can be attached."
+            self.show_notice(self._attach_problem)
         event.acceptProposedAction()

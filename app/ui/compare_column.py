@@ -16,8 +16,8 @@ from app.service.answer_stats import tokens_per_second
 from app.service.backend import AnswerJob
 from app.service.generation import complete_settings, sampler_part
 from app.ui.sampler_panel import SamplerPanel
+from app.ui.theme import mark
 
-ERROR_STYLE = "color: #b00020;"
 _EOS_WORDS = {"stop_token": "done", "stop_string": "stop string", "max_new_tokens": "length limit"}
 
 
@@ -96,7 +96,7 @@ class CompareColumn(QFrame):
         self.reset()
         self.run_settings = run_settings
         self.output.clear()
-        self.stats_label.setStyleSheet("")
+        mark(self.stats_label, None)
         self.stats_label.setText(f"seed {run_settings.get('seed')} · waiting for the prompt…")
 
     def add_result(self, result: dict) -> None:
@@ -145,7 +145,7 @@ class CompareColumn(QFrame):
     def fail(self, message: str) -> None:
         self.error = message
         self.stats = {"new_tokens": self.num_tokens, "error": message}
-        self.stats_label.setStyleSheet(ERROR_STYLE)
+        mark(self.stats_label, "error")
         self.stats_label.setText(message)
 
     def show_saved(self, text: str, settings: dict, stats: dict, complete: bool) -> None:
@@ -168,7 +168,7 @@ class CompareColumn(QFrame):
         parts.append(f"seed {self.run_settings.get('seed')}")
         if s.get("eos_reason"):
             parts.append(_EOS_WORDS.get(s["eos_reason"], str(s["eos_reason"])))
-        self.stats_label.setStyleSheet("")
+        mark(self.stats_label, None)
         self.stats_label.setText(" · ".join(parts))
 
 

@@ -23,11 +23,13 @@ from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
+    QFrame,
     QHBoxLayout,
     QLabel,
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QSplitter,
     QVBoxLayout,
@@ -36,8 +38,9 @@ from PySide6.QtWidgets import (
 
 from app.service.backend import Backend
 from app.service.generation import COMPARE_MAX_NEW_TOKENS, GenerationSettings
-from app.ui.compare_column import ERROR_STYLE, ColumnAnswer, CompareColumn
+from app.ui.compare_column import ColumnAnswer, CompareColumn
 from app.ui.tasks import spawn
+from app.ui.theme import mark
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +106,13 @@ class CompareView(QWidget):
         layout.addWidget(self.system_edit)
         layout.addLayout(bar)
         layout.addWidget(self.message_label)
-        layout.addWidget(self.splitter, 1)
+        # Columns keep the width their settings need; on a narrow screen they scroll instead of widening the window
+        # past it.
+        columns_area = QScrollArea()
+        columns_area.setWidgetResizable(True)
+        columns_area.setFrameShape(QFrame.Shape.NoFrame)
+        columns_area.setWidget(self.splitter)
+        layout.addWidget(columns_area, 1)
         self.set_column_count(self.columns_spin.value())
         self.reload_saved()
         self._update_buttons()
@@ -346,7 +355,7 @@ class CompareView(QWidget):
     def show_message(self, text: str, error: bool = False) -> None:
         if text:
             log.info("compare view: %s", text)
-        self.message_label.setStyleSheet(ERROR_STYLE if error else "")
+        mark(self.message_label, "error" if error else None)
         self.message_label.setText(text)
 
     def _update_buttons(self) -> None:

@@ -4,8 +4,10 @@ shortcut windows, loading progress in the status bar, and which backend answers 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QFileDialog
 
 from app.ui.server_panel import ServerPanel
@@ -43,7 +45,7 @@ class ModelSide:
             self._compare_view = CompareView(self.store, self.backends.current, self)
             self._compare_view.setWindowFlag(Qt.WindowType.Window)
             self._compare_view.setWindowTitle("Compare — Tandem")
-            self._compare_view.resize(1200, 700)
+            self._compare_view.resize(_fitted(self, 1200, 700))
             self._compare_view.addAction(self.compare_run_action)
         self._compare_view.show()
         self._compare_view.raise_()
@@ -103,3 +105,13 @@ class ModelSide:
         local = f"Model: {self.service.model_name}" if self.service.is_loaded else "No model"
         self.model_label.setText(self.backends.status_line() or local)
         self.show_error(message)
+
+
+def _fitted(window: Any, width: int, height: int) -> QSize:
+    """`width` x `height`, made smaller where the screen the window is on has less room (a laptop's 1366 x 768,
+    say), so a new window opens whole on it."""
+    screen = window.screen() or QGuiApplication.primaryScreen()
+    room = screen.availableGeometry() if screen is not None else None
+    if room is None or room.isEmpty():
+        return QSize(width, height)
+    return QSize(min(width, room.width()), min(height, room.height()))

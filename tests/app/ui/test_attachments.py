@@ -222,3 +222,18 @@ def test_dropping_files_on_the_chat(window, run, ui, tmp_path):
     run(go())
     assert [a.name for a in tab.strip.attachments()] == ["photo.png"]
     assert "notes.txt is not an image" in tab.notice_text()
+
+
+def test_a_refusal_clears_once_a_good_image_is_attached(window, run, tmp_path):
+    # "not an image" used to stay on screen after the user attached a good picture instead
+    tab = window.current_tab()
+    (tmp_path / "notes.png").write_bytes(b"this is text, not a picture\n")
+    (tmp_path / "good.png").write_bytes(png_bytes())
+
+    async def go():
+        await tab.attach_files([str(tmp_path / "notes.png")])
+        assert "notes.png" in tab.notice_text()
+        await tab.attach_files([str(tmp_path / "good.png")])
+
+    run(go())
+    assert tab.notice_text() == "" and [a.name for a in tab.strip.attachments()] == ["good.png"]
