@@ -38,6 +38,29 @@ class _DownloadBridge(QObject):
     failed = Signal(str, str)  # repo id, message
 
 
+class WrappedLabel(QLabel):
+    """A word-wrapped label that asks its layout for all its lines. Qt's box layouts size a wrapped label by
+    its one-line minimum, so a long message (the offline Hugging Face error runs to five lines) was cut off and
+    overlapped the widgets above it."""
+
+    def __init__(self, text: str = "", parent: QWidget | None = None):
+        super().__init__(text, parent)
+        self.setWordWrap(True)
+
+    def setText(self, text: str) -> None:  # noqa: N802 (Qt's name)
+        super().setText(text)
+        self._fit()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._fit()
+
+    def _fit(self) -> None:
+        height = self.heightForWidth(max(self.width(), 1))
+        if height > 0 and height != self.minimumHeight():
+            self.setMinimumHeight(height)
+
+
 class DownloadBox(QGroupBox):
     """A repo id field, a Download button, progress and a message; `finished(repo_id, folder)` or
     `failed(message)` when a download ends."""
@@ -56,8 +79,7 @@ class DownloadBox(QGroupBox):
         self.progress = QProgressBar()
         self.progress.setRange(0, PROGRESS_STEPS)
         self.progress.hide()
-        self.label = QLabel("Needs an internet connection; the model is saved with your other models.")
-        self.label.setWordWrap(True)
+        self.label = WrappedLabel("Needs an internet connection; the model is saved with your other models.")
         row = QHBoxLayout()
         row.addWidget(self.repo_edit, 1)
         row.addWidget(self.button)

@@ -21,11 +21,13 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QDialog,
     QFileDialog,
+    QFrame,
     QHBoxLayout,
     QLabel,
     QListWidgetItem,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QVBoxLayout,
     QWidget,
 )
@@ -131,7 +133,17 @@ class ModelManager(LoadProgress, QDialog):
         self.fit_button.clicked.connect(self._load_offered_context)
         self.fit_button.hide()
 
-        layout = QVBoxLayout(self)
+        # The content scrolls rather than squeezing: a long message (the offline Hugging Face error is five lines)
+        # used to clip the text around it in a dialog as tall as the screen.
+        content = QWidget()
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(content)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
+        layout = QVBoxLayout(content)
         layout.addWidget(QLabel("Models on this computer (double-click to load):"))
         models = QHBoxLayout()
         models.addWidget(self.model_list, 3)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PySide6.QtWidgets import QLabel
 
 from app.service import EngineService
 from app.service.catalog import demo_vision_path
@@ -334,3 +335,19 @@ def test_manager_names_the_architectures_it_runs_and_marks_vision_models(manager
         if "LlavaForConditionalGeneration" in manager.model_list.item(i).text()
     )
     assert "sees images" in row
+
+
+def test_a_long_download_error_shows_whole_and_clips_nothing(qtbot, manager):
+    # The offline Hugging Face error runs to five lines; in a dialog as tall as the screen it was cut off and
+    # overlapped the speculation help above it.
+    manager.resize(920, 780)
+    manager.show()
+    message = "Could not download x/y: " + "We couldn't connect to 'https://huggingface.co' to load the files. " * 6
+    manager.download_box._set_message(message, error=True)
+
+    def nothing_clipped() -> bool:
+        labels = [w for w in manager.findChildren(QLabel) if w.isVisible() and w.wordWrap() and w.text()]
+        return all(w.height() >= w.heightForWidth(w.width()) for w in labels)
+
+    qtbot.waitUntil(nothing_clipped, timeout=2000)
+    assert manager.download_box.label.text() == message
