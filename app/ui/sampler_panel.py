@@ -1,23 +1,24 @@
-"""SamplerPanel: every SamplerSettings field of the current chat, presets, seed and answer length."""
+"""SamplerPanel: every SamplerSettings field of the current chat, presets, seed and answer length.
+
+The basics (presets, temperature, top-p, min-p, answer length, seed) show first; every other field sits in a
+collapsed "Advanced" section whose open state the store remembers. The chat's system prompt is edited in the
+chat tab, beside the conversation it shapes.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
-    QDoubleSpinBox,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
     QInputDialog,
     QLabel,
-    QLineEdit,
     QPushButton,
     QScrollArea,
     QSpinBox,
@@ -26,98 +27,15 @@ from PySide6.QtWidgets import (
 )
 
 from app.service.generation import MAX_NEW_TOKENS_LIMIT, MAX_SEED, SAMPLER_FIELDS, complete_settings, sampler_settings
+from app.ui.collapsible_section import CollapsibleSection
+from app.ui.sampler_fields import BASIC_FIELDS, FIELDS, GROUPS, Field, make_control, read_value, show_value
+
+__all__ = ["ADVANCED_OPEN_SETTING", "FIELDS", "SamplerPanel"]
 
 log = logging.getLogger(__name__)
 
-_MAX_LEN = 1 << 20
-
-
-@dataclass(frozen=True)
-class Field:
-    """One control: `kind` is float, int, bool, or text (a JSON value typed into a line edit)."""
-
-    name: str
-    label: str
-    kind: str
-    lo: float = 0.0
-    hi: float = 1.0
-    step: float = 0.01
-    special: str = ""  # shown instead of the minimum value ("off", "whole history")
-    tip: str = ""
-
-
-_GROUPS: list[tuple[str, list[Field]]] = [
-    (
-        "Temperature",
-        [
-            Field("temperature", "Temperature", "float", 0.0, 5.0, 0.05, tip="0 = greedy; higher = more varied"),
-            Field("temperature_last", "Apply last", "bool", tip="Scale by temperature after truncation"),
-            Field("smoothing_factor", "Smoothing", "float", 0.0, 10.0, 0.05, "off", "Quadratic sampling"),
-            Field("min_temp", "Dynamic min", "float", 0.0, 5.0, 0.05),
-            Field("max_temp", "Dynamic max", "float", 0.0, 5.0, 0.05, tip="Dynamic temperature when max > min"),
-            Field("temp_exponent", "Dynamic exponent", "float", 0.01, 10.0, 0.05),
-        ],
-    ),
-    (
-        "Truncation",
-        [
-            Field("top_k", "Top-k", "int", 0, 1000, 1, "off"),
-            Field("top_p", "Top-p", "float", 0.0, 1.0, 0.01, "off"),
-            Field("min_p", "Min-p", "float", 0.0, 1.0, 0.01, "off"),
-            Field("top_a", "Top-a", "float", 0.0, 1.0, 0.01, "off"),
-            Field("tfs", "Tail-free", "float", 0.0, 1.0, 0.01, "off"),
-            Field("typical", "Typical", "float", 0.0, 1.0, 0.01, "off"),
-            Field("skew", "Skew", "float", -5.0, 5.0, 0.05),
-        ],
-    ),
-    (
-        "Penalties",
-        [
-            Field("token_repetition_penalty", "Repetition", "float", 0.01, 3.0, 0.005, tip="1 = off"),
-            Field("token_repetition_range", "Range", "int", -1, _MAX_LEN, 64, "whole history"),
-            Field("token_repetition_decay", "Decay", "int", 0, _MAX_LEN, 64),
-            Field("token_frequency_penalty", "Frequency", "float", -2.0, 2.0, 0.05),
-            Field("token_presence_penalty", "Presence", "float", -2.0, 2.0, 0.05),
-        ],
-    ),
-    (
-        "DRY",
-        [
-            Field("dry_multiplier", "Multiplier", "float", 0.0, 5.0, 0.05, "off"),
-            Field("dry_base", "Base", "float", 1.0, 4.0, 0.05),
-            Field("dry_allowed_length", "Allowed length", "int", 1, 64, 1),
-            Field("dry_range", "Range", "int", 0, _MAX_LEN, 64, "whole history"),
-            Field("dry_max_ngram", "Max n-gram", "int", 1, 100, 1),
-            Field("dry_sequence_breakers", "Breakers", "text", tip='JSON list of strings, e.g. ["\\n", ":"]'),
-        ],
-    ),
-    (
-        "Mirostat and XTC",
-        [
-            Field("mirostat", "Mirostat", "bool"),
-            Field("mirostat_tau", "Mirostat tau", "float", 0.0, 20.0, 0.1),
-            Field("mirostat_eta", "Mirostat eta", "float", 0.0, 1.0, 0.01),
-            Field("xtc_probability", "XTC probability", "float", 0.0, 1.0, 0.01, "off"),
-            Field("xtc_threshold", "XTC threshold", "float", 0.0, 1.0, 0.01),
-        ],
-    ),
-    (
-        "Tokens",
-        [
-            Field("token_bias", "Token bias", "text", tip='JSON object token id -> bias, e.g. {"42": -5}'),
-            Field("disallowed_tokens", "Disallowed", "text", tip="JSON list of token ids, e.g. [13, 42]"),
-            Field(
-                "cfg_scale",
-                "CFG scale",
-                "text",
-                tip="Classifier-free guidance strength: a number, or empty for none. The engine applies it to jobs "
-                "given a (positive, negative) prompt pair; the app's chats send no negative prompt yet, so here "
-                "it is saved with the chat's settings but changes no answer",
-            ),
-        ],
-    ),
-]
-FIELDS: dict[str, Field] = {f.name: f for _, group in _GROUPS for f in group}
+# Whether the "Advanced" section was open, remembered across panels and restarts.
+ADVANCED_OPEN_SETTING = "sampler_panel.advanced_open"
 
 
 class SamplerPanel(QWidget):
@@ -149,16 +67,13 @@ class SamplerPanel(QWidget):
         self.error_label.setVisible(False)
         outer.addWidget(self.error_label)
 
+        # The basics stay in view; the rest scrolls, folded away until the user opens it.
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         body = QWidget()
         body_layout = QVBoxLayout(body)
-        for title, fields in _GROUPS:
-            box = QGroupBox(title)
-            form = QFormLayout(box)
-            for f in fields:
-                form.addRow(f.label, self._make_control(f))
-            body_layout.addWidget(box)
+        self.advanced = self._build_advanced()
+        body_layout.addWidget(self.advanced)
         body_layout.addStretch()
         scroll.setWidget(body)
         outer.addWidget(scroll, 1)
@@ -186,6 +101,8 @@ class SamplerPanel(QWidget):
 
     def _build_generation(self) -> QFormLayout:
         form = QFormLayout()
+        for name in BASIC_FIELDS:
+            form.addRow(FIELDS[name].label, self._add_control(FIELDS[name]))
         self.max_new_tokens_spin = QSpinBox()
         self.max_new_tokens_spin.setRange(1, MAX_NEW_TOKENS_LIMIT)
         self.max_new_tokens_spin.setSingleStep(64)
@@ -205,28 +122,28 @@ class SamplerPanel(QWidget):
         form.addRow("Seed", seed_row)
         return form
 
-    def _make_control(self, f: Field) -> QWidget:
-        if f.kind == "bool":
-            control: QWidget = QCheckBox()
-            control.toggled.connect(self._edited)
-        elif f.kind == "int":
-            control = QSpinBox()
-            control.setRange(int(f.lo), int(f.hi))
-            control.setSingleStep(int(f.step))
-            control.valueChanged.connect(self._edited)
-        elif f.kind == "float":
-            control = QDoubleSpinBox()
-            control.setDecimals(3)
-            control.setRange(f.lo, f.hi)
-            control.setSingleStep(f.step)
-            control.valueChanged.connect(self._edited)
-        else:
-            control = QLineEdit()
-            control.editingFinished.connect(self._edited)
-        if f.special and isinstance(control, (QSpinBox, QDoubleSpinBox)):
-            control.setSpecialValueText(f.special)
-        control.setToolTip(f.tip or f.name)
-        control.setObjectName(f.name)
+    def _build_advanced(self) -> CollapsibleSection:
+        body = QWidget()
+        body_layout = QVBoxLayout(body)
+        body_layout.setContentsMargins(0, 0, 0, 0)
+        for title, fields in GROUPS:
+            rest = [f for f in fields if f.name not in BASIC_FIELDS]
+            if not rest:
+                continue
+            box = QGroupBox(title)
+            form = QFormLayout(box)
+            for f in rest:
+                form.addRow(f.label, self._add_control(f))
+            body_layout.addWidget(box)
+        section = CollapsibleSection("Advanced", body)
+        section.toggle.setToolTip("Every other sampler setting; opens and closes with a click")
+        if self._store is not None:
+            section.set_open(bool(self._store.get_setting(ADVANCED_OPEN_SETTING, False)))
+            section.toggled.connect(lambda is_open: self._store.set_setting(ADVANCED_OPEN_SETTING, is_open))
+        return section
+
+    def _add_control(self, f: Field) -> QWidget:
+        control = make_control(f, self._edited)
         self._controls[f.name] = control
         return control
 
@@ -246,7 +163,7 @@ class SamplerPanel(QWidget):
         self._updating = True
         try:
             for name, control in self._controls.items():
-                _show(control, name, self._settings[name])
+                show_value(control, name, self._settings[name])
             self.max_new_tokens_spin.setValue(int(self._settings["max_new_tokens"]))
             seed = self._settings["seed"]
             self.fixed_seed_check.setChecked(seed is not None)
@@ -263,7 +180,7 @@ class SamplerPanel(QWidget):
         values = dict(self._settings)
         try:
             for name, control in self._controls.items():
-                values[name] = _read(control, name)
+                values[name] = read_value(control, name)
             values["max_new_tokens"] = self.max_new_tokens_spin.value()
             values["seed"] = self.seed_spin.value() if self.fixed_seed_check.isChecked() else None
             sampler_settings(values)  # every value checked by the engine's own rules
@@ -346,50 +263,3 @@ class SamplerPanel(QWidget):
         name = self.preset_combo.currentData()
         if name is not None and self._store is not None:
             self.delete_preset(name)
-
-
-def _show(control: QWidget, name: str, value: Any) -> None:
-    if isinstance(control, QCheckBox):
-        control.setChecked(bool(value))
-    elif isinstance(control, QSpinBox):
-        control.setValue(int(value))
-    elif isinstance(control, QDoubleSpinBox):
-        control.setValue(float(value))
-    elif isinstance(control, QLineEdit):
-        text = "" if value is None or value == [] or value == {} else json.dumps(value, ensure_ascii=False)
-        control.setText(text)
-        control.setCursorPosition(0)
-
-
-def _read(control: QWidget, name: str) -> Any:
-    if isinstance(control, QCheckBox):
-        return control.isChecked()
-    if isinstance(control, QSpinBox):
-        return control.value()
-    if isinstance(control, QDoubleSpinBox):
-        return round(control.value(), control.decimals())
-    text = control.text().strip()
-    if name == "cfg_scale":
-        if not text:
-            return None
-        try:
-            return float(text)
-        except ValueError:
-            raise ValueError(f"CFG scale must be a number or empty, got {text!r}") from None
-    empty = {"token_bias": None, "disallowed_tokens": [], "dry_sequence_breakers": []}[name]
-    if not text:
-        return empty
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{FIELDS[name].label}: {text!r} is not valid JSON ({e.msg}); {FIELDS[name].tip}") from None
-    if name == "token_bias":
-        if not isinstance(value, dict):
-            raise ValueError(f"Token bias must be a JSON object of token id -> bias, got {text!r}")
-        try:
-            return {int(k): float(v) for k, v in value.items()} or None
-        except (TypeError, ValueError):
-            raise ValueError(f"Token bias keys must be token ids and values numbers, got {text!r}") from None
-    if not isinstance(value, list):
-        raise ValueError(f"{FIELDS[name].label} must be a JSON list, got {text!r}")
-    return sorted(value) if name == "disallowed_tokens" and all(isinstance(v, int) for v in value) else value

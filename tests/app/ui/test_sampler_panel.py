@@ -3,6 +3,9 @@
 Bad inputs tried: token bias "not json", "[1, 2]" and {"x": 1}; disallowed tokens "{}" and [-3]; DRY breakers
 "[\\"\\"]" (an empty breaker); CFG scale "big"; saving a preset under a built-in's name and with an empty
 name; deleting a built-in preset.
+
+Layout: the basics (presets, temperature, top-p, min-p, answer length, seed) show; the rest sit in a collapsed
+"Advanced" section whose open state the store keeps. The system prompt is edited in the chat tab, not here.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QLineEdit, QSpinBox
 
 from app.service import sampler_settings
 from app.service.generation import complete_settings
-from app.ui.sampler_panel import FIELDS, SamplerPanel
+from app.ui.sampler_fields import BASIC_FIELDS
+from app.ui.sampler_panel import ADVANCED_OPEN_SETTING, FIELDS, SamplerPanel
 from engine import SamplerSettings
 
 # A value for every field, each different from SamplerSettings' default and inside the control's range.
@@ -202,3 +206,59 @@ def test_seed_random_or_fixed(panel):
     assert panel.settings()["seed"] == 123
     panel.fixed_seed_check.setChecked(False)
     assert panel.settings()["seed"] is None
+
+
+def test_basics_show_and_the_rest_sit_in_a_collapsed_advanced_section(panel):
+    assert set(BASIC_FIELDS) == {"temperature", "top_p", "min_p"}
+    assert not panel.advanced.is_open and not panel.advanced.body.isVisibleTo(panel)
+    assert panel.advanced.toggle.text() == "▸ Advanced"
+    basics = [panel.control(name) for name in BASIC_FIELDS]
+    basics += [panel.max_new_tokens_spin, panel.fixed_seed_check, panel.seed_spin, panel.preset_combo]
+    for control in basics:
+        assert control.isVisibleTo(panel) and not panel.advanced.isAncestorOf(control), control.objectName()
+    advanced = set(FIELDS) - set(BASIC_FIELDS)
+    assert len(advanced) == len(FIELDS) - 3
+    for name in advanced:
+        control = panel.control(name)
+        assert panel.advanced.body.isAncestorOf(control) and not control.isVisibleTo(panel), name
+
+    panel.advanced.toggle.click()
+    assert panel.advanced.is_open and panel.advanced.toggle.text() == "▾ Advanced"
+    assert all(panel.control(name).isVisibleTo(panel) for name in advanced)
+
+
+def test_advanced_section_remembers_whether_it_was_open(qtbot, app_store):
+    assert app_store.get_setting(ADVANCED_OPEN_SETTING) is None
+    first = SamplerPanel(app_store)
+    qtbot.addWidget(first)
+    first.advanced.toggle.click()
+    assert app_store.get_setting(ADVANCED_OPEN_SETTING) is True
+
+    reopened = SamplerPanel(app_store)
+    qtbot.addWidget(reopened)
+    assert reopened.advanced.is_open and reopened.advanced.body.isVisibleTo(reopened)
+    reopened.advanced.toggle.click()
+    assert app_store.get_setting(ADVANCED_OPEN_SETTING) is False
+    closed = SamplerPanel(app_store)
+    qtbot.addWidget(closed)
+    assert not closed.advanced.is_open
+
+    storeless = SamplerPanel()  # a panel without a store starts closed and has nowhere to save it
+    qtbot.addWidget(storeless)
+    assert not storeless.advanced.is_open
+    storeless.advanced.toggle.click()
+    assert storeless.advanced.is_open
+
+
+@pytest.mark.parametrize("is_open", [False, True])
+def test_every_field_edits_the_settings_whether_advanced_is_open_or_not(qtbot, app_store, is_open):
+    app_store.set_setting(ADVANCED_OPEN_SETTING, is_open)
+    panel = SamplerPanel(app_store)
+    qtbot.addWidget(panel)
+    assert panel.advanced.is_open is is_open
+    emitted = []
+    panel.settings_changed.connect(emitted.append)
+    for name, value in CHANGED.items():
+        type_into(panel, name, value)
+        assert emitted[-1][name] == value, name
+    assert {name: panel.settings()[name] for name in CHANGED} == CHANGED
