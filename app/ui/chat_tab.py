@@ -183,6 +183,7 @@ class ChatTab(AttachingImages, QWidget):
         self.send_button.setEnabled(not streaming)
         self.stop_button.setEnabled(streaming)
         widgets = self.view.message_widgets()
+        self.view.setVisible(not self.welcome.show_for(self.backend, has_messages=bool(widgets)))
         for i, widget in enumerate(widgets):
             last = i == len(widgets) - 1
             widget.set_actions(
@@ -361,7 +362,7 @@ class ChatTab(AttachingImages, QWidget):
     def refresh_context_meter(self) -> asyncio.Task | None:
         """Count the tokens the conversation takes in the model's context (on a worker thread: it renders the
         chat template); returns the counting task, None when no model is loaded."""
-        self._update_thinking_box()  # the model (or backend) may have changed: does it have the switch?
+        self._update_controls()  # the model (or backend) may have changed: the Think box and welcome follow it
         if not self.backend.is_loaded:
             self.context_meter.show_no_model()
             return None

@@ -2,7 +2,7 @@
 the tab's (app/ui/chat_tab.py), where they sit is here.
 
     system prompt
-    messages (MessageView)
+    messages (MessageView), or while the chat is empty the welcome (app/ui/welcome.py) in its place
     notice (an error the user should read) [x]
     attachments strip
     input                                   [JSON mode]
@@ -28,6 +28,7 @@ from app.ui.attachments import AttachmentStrip
 from app.ui.chat_input import ChatInput
 from app.ui.context_meter import ContextMeter
 from app.ui.message_view import MessageView
+from app.ui.welcome import Welcome
 
 
 def build_chat_tab(tab: Any) -> None:
@@ -43,6 +44,9 @@ def build_chat_tab(tab: Any) -> None:
 
     tab.view = MessageView()
     layout.addWidget(tab.view, 1)
+    tab.welcome = Welcome()
+    tab.welcome.prompt_chosen.connect(lambda text: send_example(tab, text))
+    layout.addWidget(tab.welcome, 1)
 
     tab.notice = QWidget()
     tab.notice.setObjectName("notice")
@@ -122,3 +126,9 @@ def build_chat_tab(tab: Any) -> None:
     row.addWidget(tab.send_button)
     layout.addLayout(row)
     tab._update_controls()
+
+
+def send_example(tab: Any, text: str) -> None:
+    """A welcome example clicked: it goes through the input and send() like a typed message (same checks)."""
+    tab.input.setPlainText(text)
+    tab.send()
