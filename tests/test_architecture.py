@@ -73,6 +73,14 @@ def test_no_package_imports_a_higher_layer():
     assert back == [], f"imports against app -> engine -> kernels: {back}"
 
 
+def test_the_window_reaches_the_engine_only_through_the_service():
+    # app.service is the GUI's one way to the engine (the Backend seam: a remote server stands in for it)
+    direct = sorted(
+        (a, b) for a, deps in graph().items() if a.startswith("app.ui") for b in deps if b.startswith("engine")
+    )
+    assert direct == [], f"app.ui modules importing the engine (go through app.service): {direct}"
+
+
 def test_no_import_cycles():
     edges = graph()
     cycles = [c for c in _strongly_connected(edges) if len(c) > 1]

@@ -8,6 +8,8 @@ ever runs on a worker and no forward pass runs on the GUI thread.
                  (executor threads are joined at interpreter exit; a daemon is not)
     pool=PROMPT  two threads: a chat template running to its time limit in one tab does not hold up the others
     pool=VISION  one thread: images are embedded one after another (the tower is not re-entrant)
+    pool=FILES   two threads: checking an attached picture, warming the code highlighter; never waits
+                 behind a chat template or a vision tower
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ T = TypeVar("T")
 LOADER = "loader"
 PROMPT = "prompt"
 VISION = "vision"
-_POOL_SIZES = {PROMPT: 2, VISION: 1}
+FILES = "files"
+_POOL_SIZES = {PROMPT: 2, VISION: 1, FILES: 2}
 _pools: dict[str, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
 
 
 async def in_worker(fn: Callable[..., T], *args: Any, pool: str = PROMPT) -> T:
-    """Run `fn(*args)` on a worker of `pool` (LOADER, PROMPT or VISION) and await its result on this loop."""
+    """Run `fn(*args)` on a worker of `pool` (LOADER, PROMPT, VISION or FILES) and await its result on this loop."""
     return await asyncio.wrap_future(submit(fn, *args, pool=pool))
 
 

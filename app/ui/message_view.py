@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 from shiboken6 import isValid
 
 from app.service.reasoning import split, stored_format
+from app.service.workers import FILES, submit
 from app.ui.rich_text import COPY_CODE_SCHEME, code_blocks, markdown_to_html, warm_up
 from app.ui.theme import is_dark
 from app.ui.thinking_block import ThinkingBlock
@@ -105,7 +106,7 @@ def _warm_up_code_highlighting() -> None:
     """Load the code highlighter on a worker thread, once, when the first answer starts streaming."""
     if not _warm_up_started.is_set():
         _warm_up_started.set()
-        threading.Thread(target=warm_up, name="rich-text-warm-up", daemon=True).start()
+        submit(warm_up, pool=FILES)
 
 
 class AutoHeightBrowser(QTextBrowser):

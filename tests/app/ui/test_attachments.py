@@ -16,7 +16,7 @@ from PIL import Image
 from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
 from PySide6.QtGui import QColor, QDragEnterEvent, QDropEvent, QImage
 
-from app.ui.attachments import AttachmentError, check_image_bytes, load_image_file
+from app.service.image_files import AttachmentError, check_image_bytes, load_image_file
 from engine.errors import ImageError
 from engine.vision.image import decode_image
 
