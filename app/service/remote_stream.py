@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx2
 
+from app.service.reasoning import THINK
 from app.service.remote_errors import (
     RemoteBadReply,
     RemoteError,
@@ -216,6 +217,7 @@ class _Stats:
         self.finish_reason: str | None = None
         self.stop_reason: object = None
         self.usage: Mapping[str, Any] = {}
+        self.thinking = False  # inside reasoning deltas, whose <think> block is not closed yet
 
     def take(self, chunk: Mapping[str, Any]) -> str:
         """The chunk's text (its first choice's content delta), noting its finish reason and usage."""
@@ -228,15 +230,29 @@ class _Stats:
         if choice.get("finish_reason"):
             self.finish_reason = choice["finish_reason"]
             self.stop_reason = choice.get("stop_reason")  # vLLM: the stop string that ended the answer
-        delta = choice.get("delta")
-        text = delta.get("content") if isinstance(delta, dict) else None
-        if not isinstance(text, str) or not text:
+        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+        text = self._tagged(_text(delta, "reasoning_content") or _text(delta, "reasoning"), _text(delta, "content"))
+        if not text:
             return ""
         now = time.perf_counter()
         self.time_first = self.time_first if self.time_first is not None else now
         self.time_last = now
         self.num_text_chunks += 1
         return text
+
+    def _tagged(self, reasoning: str, content: str) -> str:
+        """The delta as the model wrote it: thinking sent apart (`reasoning_content` from vLLM, llama-server
+        and Tandem's server, `reasoning` from newer vLLM) goes back between <think> tags, the form the app
+        stores and splits (app.service.reasoning), so a remote thinking model shows its Thinking block and
+        its thinking stays out of the next prompt, as a local one's does."""
+        out = ""
+        if reasoning:
+            out += reasoning if self.thinking else THINK.start + reasoning
+            self.thinking = True
+        if content:
+            out += THINK.end + content if self.thinking else content
+            self.thinking = False
+        return out
 
     def eos_result(self, full_completion: str) -> dict[str, Any]:
         now = time.perf_counter()
@@ -260,6 +276,11 @@ class _Stats:
             "time_prefill": first - self.time_headers,
             "time_generate": last - first,
         }
+
+
+def _text(delta: Mapping[str, Any], key: str) -> str:
+    value = delta.get(key)
+    return value if isinstance(value, str) else ""
 
 
 def _context_exceeded(error: RemoteRefused) -> bool:
