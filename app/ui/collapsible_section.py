@@ -37,11 +37,19 @@ class CollapsibleSection(QWidget):
     def is_open(self) -> bool:
         return self.toggle.isChecked()
 
+    def set_title(self, title: str) -> None:
+        """Change the title (the compare view's columns show a summary of their settings there)."""
+        self._title = title
+        self._show_title()
+
     def set_open(self, is_open: bool) -> None:
         """Open or close the section (as a click on the title does)."""
         self.toggle.setChecked(is_open)
 
+    def _show_title(self) -> None:
+        self.toggle.setText(f"{'▾' if self.is_open else '▸'} {self._title}")
+
     def _show_body(self, is_open: bool) -> None:
-        self.toggle.setText(f"{'▾' if is_open else '▸'} {self._title}")
+        self._show_title()
         self.body.setVisible(is_open)
         self.toggled.emit(is_open)

@@ -14,15 +14,24 @@ from PySide6.QtWidgets import QFrame, QLabel, QPlainTextEdit, QSplitter, QVBoxLa
 
 from app.service.answer_stats import tokens_per_second
 from app.service.backend import AnswerJob
-from app.service.generation import complete_settings, sampler_part
+from app.service.generation import COMPARE_MAX_NEW_TOKENS, complete_settings, sampler_part
+from app.ui.collapsible_section import CollapsibleSection
 from app.ui.sampler_panel import SamplerPanel
+from app.ui.settings_summary import full_summary, summary
 from app.ui.theme import mark
 
 _EOS_WORDS = {"stop_token": "done", "stop_string": "stop string", "max_new_tokens": "length limit"}
+# What a new column starts with besides its preset: the summary names a seed or a length only when it differs.
+COLUMN_JOB_DEFAULTS = {"seed": 0, "max_new_tokens": COMPARE_MAX_NEW_TOKENS}
+_OPEN_SIZES = [260, 340]  # settings above, answer below, when a column's settings are first unfolded
 
 
 class CompareColumn(QFrame):
-    """One column: its settings (a SamplerPanel), the streamed text, and the numbers of its last run."""
+    """One column: its settings (a SamplerPanel), the streamed text, and the numbers of its last run.
+
+    The settings start folded to one summary line (see app.ui.settings_summary) so the answer gets the column's
+    height; a click on the line unfolds the panel above the answer, with a handle between them to drag.
+    """
 
     def __init__(self, index: int, store, parent: QWidget | None = None):
         super().__init__(parent)
@@ -31,6 +40,9 @@ class CompareColumn(QFrame):
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self.title = QLabel(f"<b>Column {index + 1}</b>")
         self.panel = SamplerPanel(store)
+        self.settings_section = CollapsibleSection("", self.panel)
+        self.settings_section.toggle.setObjectName("settingsSummary")
+        self._open_sizes = list(_OPEN_SIZES)
         self.output = QPlainTextEdit()
         self.output.setReadOnly(True)
         self.output.setPlaceholderText("The answer streams here.")
@@ -40,16 +52,18 @@ class CompareColumn(QFrame):
         # Settings above, answer below; the user drags the handle to see more of either.
         self.splitter = QSplitter(Qt.Orientation.Vertical)
         self.splitter.setChildrenCollapsible(False)
-        self.splitter.addWidget(self.panel)
+        self.splitter.addWidget(self.settings_section)
         self.splitter.addWidget(self.output)
-        self.splitter.setSizes([260, 340])
+        self.splitter.setSizes(self._open_sizes)
         self.panel.settings_changed.connect(lambda _settings: self._show_preset())
+        self.settings_section.toggled.connect(self._fold)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
         layout.addWidget(self.title)
         layout.addWidget(self.splitter, 1)
         layout.addWidget(self.stats_label)
         self.reset()
+        self._fold(False)
 
     def reset(self) -> None:
         self.text = ""
@@ -86,9 +100,36 @@ class CompareColumn(QFrame):
         return "custom"
 
     def _show_preset(self) -> None:
-        # The panel's combo is a chooser; here it also tells which preset a column runs.
+        # The panel's combo is a chooser; here it also tells which preset a column runs, as the summary does.
+        name = self.preset_name()
         combo = self.panel.preset_combo
-        combo.setCurrentIndex(max(0, combo.findData(self.preset_name())))
+        combo.setCurrentIndex(max(0, combo.findData(name)))
+        preset = None if name == "custom" else name
+        settings = self.settings()
+        self.settings_section.set_title(summary(settings, preset, COLUMN_JOB_DEFAULTS))
+        self.settings_section.toggle.setToolTip(
+            full_summary(settings, preset, COLUMN_JOB_DEFAULTS) + "\n\nClick to show or hide this column's settings"
+        )
+
+    def is_folded(self) -> bool:
+        return not self.settings_section.is_open
+
+    def set_folded(self, folded: bool) -> None:
+        """Fold the settings to their summary line (as a click on it does) or unfold them."""
+        self.settings_section.set_open(not folded)
+
+    def _fold(self, is_open: bool) -> None:
+        # A splitter keeps a hidden panel's share of the height for it: the folded section is held to its line's
+        # height so the answer takes the rest, and the sizes the user dragged to come back on unfolding.
+        if is_open:
+            self.settings_section.setMaximumHeight(16777215)  # QWIDGETSIZE_MAX: no limit
+            self.splitter.setSizes(self._open_sizes)
+        else:
+            if self.splitter.sizes()[0] > self.settings_section.toggle.sizeHint().height():
+                self._open_sizes = self.splitter.sizes()
+            self.settings_section.setMaximumHeight(self.settings_section.toggle.sizeHint().height())
+        self.splitter.handle(1).setEnabled(is_open)
+        self._show_preset()  # a preset saved while unfolded may now be the column's name
 
     # --- a run ---------------------------------------------------------------------------------------------
 
