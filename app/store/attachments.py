@@ -44,12 +44,10 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def chat_shas(conn: sqlite3.Connection, chat_id: int, from_message_id: int | None = None) -> set[str]:
-    """Shas linked to a chat's messages (from ``from_message_id`` on, when given)."""
+def chat_shas(conn: sqlite3.Connection, chat_id: int) -> set[str]:
+    """Shas linked to a chat's messages."""
     sql = "SELECT DISTINCT a.sha FROM message_attachments AS a JOIN messages AS m ON m.id = a.message_id"
-    sql += " WHERE m.chat_id = ?" + (" AND m.id >= ?" if from_message_id is not None else "")
-    params = (chat_id,) if from_message_id is None else (chat_id, from_message_id)
-    return {row[0] for row in conn.execute(sql, params)}
+    return {row[0] for row in conn.execute(sql + " WHERE m.chat_id = ?", (chat_id,))}
 
 
 class AttachmentsMixin:

@@ -86,7 +86,16 @@ def _v2_search_index(conn: sqlite3.Connection) -> None:
     ensure_index(conn)
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_create_tables, _v2_search_index)
+def _v3_message_branches(conn: sqlite3.Connection) -> None:
+    """Version 3: kept versions and branches (app/store/branches.py). Existing rows keep NULL in both columns,
+    which reads as the one thread they were: adding columns rewrites no row, however long the history."""
+    conn.execute("ALTER TABLE messages ADD COLUMN parent_id INTEGER")  # 0: a first message; NULL: the one before
+    conn.execute("ALTER TABLE messages ADD COLUMN selected_at REAL")  # NULL: chosen when written (created_at)
+    # No index on parent_id: a chat's tree is read whole through messages_by_chat.
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_create_tables, _v2_search_index, _v3_message_branches)
+BRANCHES_VERSION = 3  # a store stopped before it (tools, tests) keeps one thread per chat, as Tandem did then
 
 
 def schema_version(conn: sqlite3.Connection) -> int:

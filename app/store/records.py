@@ -26,7 +26,8 @@ class Chat:
 class Message:
     """One turn. ``images`` are attachment shas (see ``Store.attachment_path``); ``column`` is a compare
     run's column (0..3) or None in a plain chat; ``complete`` is False while an answer streams or when
-    it was stopped or cut off by a crash."""
+    it was stopped or cut off by a crash; ``parent_id`` is the message it follows, None for a first message
+    (messages with the same parent are versions of one another, see app/store/branches.py)."""
 
     id: int
     chat_id: int
@@ -38,6 +39,7 @@ class Message:
     column: int | None = None
     complete: bool = True
     created_at: float = 0.0
+    parent_id: int | None = None
 
 
 @dataclass

@@ -52,7 +52,7 @@ def test_export_markdown_compare_columns(store):
 def test_export_json(store, chat):
     exported = store.export_json(chat.id)
     assert json.loads(json.dumps(exported)) == exported  # JSON-serialisable as is
-    assert exported["format"] == "tandem-chat" and exported["version"] == 1
+    assert exported["format"] == "tandem-chat" and exported["version"] == 2
     assert exported["chat"]["title"] == "Cats & dogs"
     assert exported["chat"]["system_prompt"] == "You are a vet."
     assert exported["chat"]["settings"] == {"temperature": 0.7}
@@ -67,3 +67,45 @@ def test_export_json(store, chat):
     assert messages[1]["settings"] == {"temperature": 0.7}
     sha = messages[0]["images"][0]
     assert exported["attachments"] == {sha: str(store.attachment_path(sha))}
+    assert exported["visible_thread"] == [m["id"] for m in messages]  # one version of each: all visible
+    assert [m["parent_id"] for m in messages] == [None] + [m["id"] for m in messages[:-1]]
+
+
+@pytest.fixture
+def branched(store):
+    """u1 -> a1, then a1 regenerated (a2) and u1 edited (u1b -> a3); a2's branch shown, a3's hidden."""
+    chat = store.create_chat("Branches")
+    u1 = store.add_message(chat.id, "user", "Name a colour.")
+    a1 = store.add_message(chat.id, "assistant", "Red.")
+    a2 = store.add_message(chat.id, "assistant", "Blue.", version_of=a1.id)
+    u1b = store.add_message(chat.id, "user", "Name a fruit.", version_of=u1.id)
+    a3 = store.add_message(chat.id, "assistant", "A pear.")
+    store.select_version(u1.id)
+    return chat, [u1, a1, a2, u1b, a3]
+
+
+def test_export_markdown_writes_the_visible_branch(store, branched):
+    chat, (u1, a1, a2, u1b, a3) = branched
+    text = store.export_markdown(chat.id)
+    assert "## User (version 1 of 2)\n\nName a colour.\n" in text
+    assert "## Assistant (version 2 of 2)\n\nBlue.\n" in text
+    for hidden in ("Red.", "Name a fruit.", "A pear."):
+        assert hidden not in text
+    store.select_version(a3.id)  # the other branch, through its first message
+    text = store.export_markdown(chat.id)
+    assert "## User (version 2 of 2)\n\nName a fruit.\n" in text and "## Assistant\n\nA pear.\n" in text
+    assert "Name a colour." not in text and "Blue." not in text
+
+
+def test_export_json_writes_the_whole_tree(store, branched):
+    chat, (u1, a1, a2, u1b, a3) = branched
+    exported = store.export_json(chat.id)
+    assert json.loads(json.dumps(exported)) == exported
+    assert [(m["id"], m["parent_id"], m["text"]) for m in exported["messages"]] == [
+        (u1.id, None, "Name a colour."),
+        (a1.id, u1.id, "Red."),
+        (a2.id, u1.id, "Blue."),
+        (u1b.id, None, "Name a fruit."),
+        (a3.id, u1b.id, "A pear."),
+    ]
+    assert exported["visible_thread"] == [u1.id, a2.id]

@@ -64,7 +64,7 @@ def test_migration_indexes_every_existing_chat(tmp_path):
         truth = {q: scan(v1, q) for q in QUERIES}
         assert v1.schema_version == 1 and not has_index(v1._db._conn)
     with Store(path) as store:
-        assert store.schema_version == 2 and store._db.indexed
+        assert store.schema_version == len(MIGRATIONS) and store._db.indexed
         assert {c.id: (c, store.messages(c.id)) for c in store.list_chats()} == before  # every chat intact
         for query in QUERIES:
             assert ids(store.search_chats(query)) == truth[query], query
@@ -180,7 +180,7 @@ def test_without_the_index_search_scans_and_gives_the_same_answers(tmp_path, mon
     path = tmp_path / "tandem.sqlite3"
     monkeypatch.setenv(INDEX_ENV, "off")
     with Store(path) as store:
-        assert store.schema_version == 2 and not store._db.indexed and not has_index(store._db._conn)
+        assert store.schema_version == len(MIGRATIONS) and not store._db.indexed and not has_index(store._db._conn)
         fill(store, seed=2)
         truth = {q: scan(store, q) for q in QUERIES}
         assert {q: ids(store.search_chats(q)) for q in QUERIES} == truth
