@@ -22,6 +22,9 @@ ARCHITECTURES = {
     # Mistral 3's language model: llama's tensors and q/k order under another name (Ministral 3's yarn rope is
     # refused by _rope_scaling).
     "mistral3": "LlamaForCausalLM",
+    # Gemma 3's language model (also inside Gemma3ForConditionalGeneration); the keys only Gemma reads are
+    # `gemma3_text_keys`, the norms' +1 the converter adds is undone at load (engine/loading/gguf_names.py).
+    "gemma3": "Gemma3ForCausalLM",
 }
 
 
@@ -102,10 +105,41 @@ def _config_from_metadata(path: Path, arch: str, metadata: dict[str, Any], tenso
         "pad_token_id": metadata.get("tokenizer.ggml.padding_token_id"),
         "gguf_architecture": arch,
     }
+    if arch == "gemma3":
+        hf |= gemma3_text_keys(metadata)
     try:
         return ModelConfig.from_hf_dict(hf, architecture=ARCHITECTURES[arch])
     except ModelLoadError as e:
         raise CorruptFileError(f"{path} has inconsistent model metadata: {e}") from None
+
+
+def gemma3_text_keys(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The Gemma-only Gemma3TextConfig keys of a `gemma3` GGUF, as llama.cpp's runtime reads the file
+    (src/models/gemma3.cpp): what engine/models/gemma3/text.py's Gemma3TextSettings parses."""
+    num_layers = metadata["gemma3.block_count"]
+    hidden, num_heads = metadata["gemma3.embedding_length"], metadata["gemma3.attention.head_count"]
+    head_dim = metadata.get("gemma3.attention.key_length") or hidden // num_heads
+    window = metadata.get("gemma3.attention.sliding_window")
+    # Without a window every layer is global. With one, the pattern key (a count, or one flag per layer) is
+    # optional and 6 by default: five sliding layers, then a full one, as in every released Gemma 3.
+    pattern = metadata.get("gemma3.attention.sliding_window_pattern", 6)
+    if not window:
+        is_sliding = [False] * num_layers
+    elif isinstance(pattern, list):
+        is_sliding = [bool(p) for p in pattern]
+    else:
+        is_sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(num_layers)]
+    cap = metadata.get("gemma3.final_logit_softcapping")
+    return {
+        "sliding_window": window or None,
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in is_sliding],
+        "rope_local_base_freq": metadata.get("gemma3.rope.freq_base_swa", 10000.0),
+        # Not in the file: llama.cpp scales queries by head_dim ** -0.5, and by (hidden / heads) ** -0.5 for the
+        # 62-layer 27B, which is each released config's query_pre_attn_scalar.
+        "query_pre_attn_scalar": hidden // num_heads if num_layers == 62 else head_dim,
+        "final_logit_softcapping": cap or None,  # llama.cpp reads 0 (or none) as no capping
+        "hidden_activation": "gelu_pytorch_tanh",  # ggml's GELU is the tanh approximation
+    }
 
 
 def _rope_scaling(path: Path, kind: str | None, factor: float | None, legacy_factor: float | None) -> dict | None:

@@ -22,7 +22,13 @@ from engine.config import ModelConfig
 from engine.config_gguf import ARCHITECTURES, read_gguf_config
 from engine.errors import CorruptFileError
 from engine.gguf_file import GGUFFile
-from engine.loading.gguf_names import EMBEDDINGS, ROPE_FREQ_FACTORS, select_tensors, unpermute_llama_qk
+from engine.loading.gguf_names import (
+    EMBEDDINGS,
+    ROPE_FREQ_FACTORS,
+    select_tensors,
+    unpermute_llama_qk,
+    unshift_gemma3_norm,
+)
 from engine.loading.gguf_tensors import (
     INT4_TYPES,
     INT8_TYPES,
@@ -46,11 +52,12 @@ def load_gguf(
     progress: Callable[[float], None] | None = None,
     quantized: str | None = None,
 ) -> tuple[ModelConfig, dict[str, torch.Tensor | QuantizedWeight | SplitWeight]]:
-    """Read a llama / qwen2 / qwen3 GGUF file into `(config, state_dict)`.
+    """Read a GGUF file of an architecture in engine/config_gguf.py's ARCHITECTURES (llama, qwen2, qwen3, gemma3,
+    ...) into `(config, state_dict)`.
 
     The state dict uses Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...) and the
-    Hugging Face layout (llama.cpp's q/k row order undone); every tensor is `dtype` on `device`, except
-    `rope_freq_factors` (llama3-style rope, present only if the file has `rope_freqs.weight`), which
+    Hugging Face layout (llama.cpp's q/k row order undone, Gemma's norm weights without the converter's +1);
+    every tensor is `dtype` on `device`, except `rope_freq_factors` (llama3-style rope, present only if the file has `rope_freqs.weight`), which
     stays float32. `progress(fraction)` is called as tensors load. `quantized="int4"` keeps Q4_0 / Q4_1
     attention and MLP projection weights 4-bit (`QuantizedWeight`, same Hugging Face row order) and Q8_0
     ones, and a Q8_0 output head (tied or not), as two 4-bit planes (`SplitWeight`); projections, output
@@ -114,7 +121,7 @@ def load_gguf(
         elif hf_name == ROPE_FREQ_FACTORS:
             state_dict[hf_name] = values.to(device=device, dtype=torch.float32)
         else:
-            values = values.to(device=device, dtype=dtype)
+            values = unshift_gemma3_norm(hf_name, values, config).to(device=device, dtype=dtype)
             if config.architecture == ARCHITECTURES["llama"]:
                 values = unpermute_llama_qk(hf_name, values, config)
             state_dict[hf_name] = values

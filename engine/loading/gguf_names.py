@@ -1,5 +1,5 @@
 """GGUF tensors as Hugging Face checkpoint entries: their names, the shapes a config allows, the ones it needs,
-and llama.cpp's q/k row order undone."""
+llama.cpp's q/k row order undone, and Gemma's norm weights shifted back."""
 
 from __future__ import annotations
 
@@ -37,27 +37,46 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 3's layers have four norms: llama.cpp's ffn_norm is the one before the MLP, and the outputs of attention
+# and MLP are normed again (gguf-py's ATTN_POST_NORM, FFN_PRE_NORM, FFN_POST_NORM).
+_GEMMA3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_GEMMA3_NORMS = ["input_layernorm.weight", "post_attention_layernorm.weight"]
+_GEMMA3_NORMS += ["pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"]
+_GEMMA3_NORMS += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 EMBEDDINGS = "model.embed_tokens.weight"
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _is_gemma3(config: ModelConfig) -> bool:
+    return config.architecture == ARCHITECTURES["gemma3"]
+
+
+def _layer_names(config: ModelConfig) -> dict[str, str]:
+    return _GEMMA3_LAYER_NAMES if _is_gemma3(config) else _LAYER_NAMES
+
+
+def _hf_name(gguf_name: str, layer_names: dict[str, str]) -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _LAYER_RE.fullmatch(gguf_name)
-    if m is None or m.group(2) not in _LAYER_NAMES:
+    if m is None or m.group(2) not in layer_names:
         return None
-    return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}.{m.group(3)}"
 
 
-def _gguf_name(hf_name: str) -> str:
+def _gguf_name(hf_name: str, layer_names: dict[str, str]) -> str:
     """The inverse of `_hf_name`, for messages."""
     for gguf_name, name in _GLOBAL_NAMES.items():
         if name == hf_name:
             return gguf_name
     _, _, idx, rest = hf_name.split(".", 3)  # model.layers.{i}.{module}.{weight|bias}
     module, kind = rest.rsplit(".", 1)
-    short = next(g for g, h in _LAYER_NAMES.items() if h == module)
+    short = next(g for g, h in layer_names.items() if h == module)
     return f"blk.{idx}.{short}.{kind}"
 
 
@@ -91,6 +110,9 @@ def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         "mlp.up_proj.bias": (inter,),
         "mlp.down_proj.bias": (hidden,),
     }
+    if _is_gemma3(config):
+        shapes.pop(ROPE_FREQ_FACTORS)  # llama.cpp's gemma3 has no llama3-style rope: such a tensor is not read
+        per_layer |= {"pre_feedforward_layernorm.weight": (hidden,), "post_feedforward_layernorm.weight": (hidden,)}
     for i in range(config.num_hidden_layers):
         for suffix, shape in per_layer.items():
             shapes[f"model.layers.{i}.{suffix}"] = shape
@@ -109,6 +131,8 @@ def _required_names(config: ModelConfig) -> list[str]:
         per_layer += [f"self_attn.{p}_proj.bias" for p in "qkv"]
     if config.qk_norm:
         per_layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+    if _is_gemma3(config):
+        per_layer += [name for name in _GEMMA3_NORMS if name not in per_layer]
     names += [f"model.layers.{i}.{s}" for i in range(config.num_hidden_layers) for s in per_layer]
     return names
 
@@ -116,10 +140,11 @@ def _required_names(config: ModelConfig) -> list[str]:
 def select_tensors(path: Path, config: ModelConfig, tensors: dict[str, Any]) -> list[tuple[str, Any]]:
     """Pair each GGUF tensor with its Hugging Face name, checking presence and shape before any is read."""
     expected = _expected_shapes(config)
+    layer_names = _layer_names(config)
     selected: list[tuple[str, Any]] = []
     unknown: list[str] = []
     for name, t in tensors.items():
-        hf_name = _hf_name(name)
+        hf_name = _hf_name(name, layer_names)
         if hf_name is None or hf_name not in expected:
             unknown.append(name)
             continue
@@ -138,7 +163,7 @@ def select_tensors(path: Path, config: ModelConfig, tensors: dict[str, Any]) -> 
     present = {hf_name for hf_name, _ in selected}
     missing = [n for n in _required_names(config) if n not in present]
     if missing:
-        named = ", ".join(f"{_gguf_name(n)} ({n})" for n in missing[:4])
+        named = ", ".join(f"{_gguf_name(n, layer_names)} ({n})" for n in missing[:4])
         raise TensorMismatchError(
             f"{path} is missing {len(missing)} tensor(s) a {config.architecture} with "
             f"{config.num_hidden_layers} layers needs: {named}{', ...' if len(missing) > 4 else ''}. "
@@ -165,3 +190,11 @@ def unpermute_llama_qk(hf_name: str, values: torch.Tensor, config: ModelConfig) 
     rest = values.shape[1:]
     pairs = values.reshape(num_heads, values.shape[0] // num_heads // 2, 2, *rest)
     return pairs.transpose(1, 2).reshape(values.shape)
+
+
+def unshift_gemma3_norm(hf_name: str, values: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """Undo the 1 llama.cpp's Gemma 3 converter adds to every RMSNorm weight (ggml scales by the weight, Gemma
+    by 1 + weight), in float32: fl(fl(w + 1) - 1) + 1 gives back fl(w + 1), the scale the file's model uses."""
+    if not (_is_gemma3(config) and hf_name.endswith("norm.weight")):
+        return values
+    return values.float() - 1.0

@@ -1,8 +1,15 @@
-"""Tiny GGUF files written the way llama.cpp's converter writes them, from tiny random transformers models."""
+"""Tiny GGUF files written the way llama.cpp's converter writes them, from tiny random transformers models; and
+llama.cpp's own converter, for the tests that convert tiny Hugging Face folders with it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -217,3 +224,68 @@ class GGUFKit:
 @pytest.fixture
 def gguf_kit(tmp_path) -> GGUFKit:
     return GGUFKit(tmp_path)
+
+
+SDIST = "llama_cpp_python-0.3.36"
+
+
+def _converter_script() -> Path:
+    """llama.cpp's convert_hf_to_gguf.py from the llama-cpp-python sdist, fetched with pip once into
+    $TANDEM_LLAMA_SRC (default ~/.cache/tandem-llama-cpp, where ../shared/tools/build-llama-cpp.sh puts it)."""
+    cache = Path(os.environ.get("TANDEM_LLAMA_SRC", Path.home() / ".cache" / "tandem-llama-cpp"))
+    script = cache / SDIST / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
+    if script.is_file():
+        return script
+    cache.mkdir(parents=True, exist_ok=True)
+    archive = cache / f"{SDIST}.tar.gz"
+    if not archive.is_file():
+        fetched = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(cache)]
+            + ["llama-cpp-python==0.3.36"],
+            capture_output=True,
+            text=True,
+        )
+        if fetched.returncode != 0 or not archive.is_file():
+            pytest.skip(
+                f"pip could not fetch the llama-cpp-python 0.3.36 sdist (llama.cpp's converter): "
+                f"{fetched.stderr.strip()[-300:]}"
+            )
+    with tarfile.open(archive) as tar:
+        # Only the converter and its own gguf-py: the C++ sources are not needed here.
+        wanted = (
+            f"{SDIST}/vendor/llama.cpp/convert_hf_to_gguf.py",
+            f"{SDIST}/vendor/llama.cpp/conversion/",
+            f"{SDIST}/vendor/llama.cpp/gguf-py/",
+            f"{SDIST}/vendor/llama.cpp/models/",
+        )
+        members = [m for m in tar.getmembers() if m.name.startswith(wanted)]
+        tar.extractall(cache, members=members, filter="data")
+    return script
+
+
+@pytest.fixture(scope="session")
+def converter() -> Callable[..., None]:
+    """`converter(folder, out, mmproj)`: llama.cpp 0.3.36's own convert_hf_to_gguf.py run on a Hugging Face
+    folder (float32 output; with --mmproj the projector file), skipping the test where pip cannot fetch it."""
+    return partial(_convert, _converter_script())
+
+
+def _convert(script: Path, folder: Path, out: Path, mmproj: bool) -> None:
+    """Run the converter on `folder` (float32 output) with its own gguf-py, not the installed one."""
+    env = {**os.environ, "PYTHONPATH": str(script.parent / "gguf-py")}
+    args = [sys.executable, str(script), str(folder), "--outfile", str(out), "--outtype", "f32"]
+    done = subprocess.run(args + (["--mmproj"] if mmproj else []), env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise AssertionError(f"convert_hf_to_gguf.py failed on {folder.name}:\n{done.stderr[-2000:]}")
+
+
+@pytest.fixture(scope="session")
+def known_tokenizer(starter_gguf, tmp_path_factory) -> Path:
+    """The starter's SmolLM2 tokenizer as tokenizer.json: the converter names a BPE tokenizer by hashing how it
+    splits a test text, and refuses the tiny trained ones of tests/conftest.py; SmolLM2's it knows."""
+    import transformers
+
+    folder = tmp_path_factory.mktemp("smollm2-tokenizer")
+    tok = transformers.AutoTokenizer.from_pretrained(starter_gguf.parent, gguf_file=starter_gguf.name)
+    tok.save_pretrained(folder)
+    return folder / "tokenizer.json"

@@ -4,18 +4,14 @@ the GGUF pair and as the folder: the same image rows (float32, within 1e-5) and 
 image prompt. Also: the mmproj found beside the text file, and projectors Tandem cannot pair leave a text
 model with the reason.
 
-Families the converter or Tandem's text GGUF reader cannot take are skipped by name with the reason (see
-README, "Vision from GGUF"): LLaVA (its --mmproj reads only Pixtral towers, CLIP and SigLIP are rejected),
-Gemma 3 (its text GGUF is llama.cpp's gemma3 architecture, which Tandem's GGUF reader does not run).
+Families the converter cannot take are skipped by name with the reason (see README, "Vision from GGUF"): LLaVA
+(its --mmproj reads only Pixtral towers, CLIP and SigLIP are rejected).
 """
 
 from __future__ import annotations
 
-import os
+import json
 import shutil
-import subprocess
-import sys
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -30,64 +26,9 @@ from engine.generator.dynamic import DynamicGenerator
 from engine.generator.job import DynamicJob
 from engine.generator.sampler import SamplerSettings
 from engine.models import Model
+from engine.models.gemma3 import Gemma3ForConditionalGeneration
 from engine.models.vlm import VisionLanguageModel
 from engine.vision.handle import vision_of
-
-SDIST = "llama_cpp_python-0.3.36"
-
-
-@pytest.fixture(scope="session")
-def converter() -> Path:
-    """llama.cpp's convert_hf_to_gguf.py from the llama-cpp-python sdist, fetched with pip once into
-    $TANDEM_LLAMA_SRC (default ~/.cache/tandem-llama-cpp, where ../shared/tools/build-llama-cpp.sh puts it)."""
-    cache = Path(os.environ.get("TANDEM_LLAMA_SRC", Path.home() / ".cache" / "tandem-llama-cpp"))
-    script = cache / SDIST / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
-    if script.is_file():
-        return script
-    cache.mkdir(parents=True, exist_ok=True)
-    archive = cache / f"{SDIST}.tar.gz"
-    if not archive.is_file():
-        fetched = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(cache)]
-            + ["llama-cpp-python==0.3.36"],
-            capture_output=True,
-            text=True,
-        )
-        if fetched.returncode != 0 or not archive.is_file():
-            pytest.skip(
-                f"pip could not fetch the llama-cpp-python 0.3.36 sdist (llama.cpp's converter): "
-                f"{fetched.stderr.strip()[-300:]}"
-            )
-    with tarfile.open(archive) as tar:
-        # Only the converter and its own gguf-py: the C++ sources are not needed here.
-        wanted = (
-            f"{SDIST}/vendor/llama.cpp/convert_hf_to_gguf.py",
-            f"{SDIST}/vendor/llama.cpp/conversion/",
-            f"{SDIST}/vendor/llama.cpp/gguf-py/",
-            f"{SDIST}/vendor/llama.cpp/models/",
-        )
-        members = [m for m in tar.getmembers() if m.name.startswith(wanted)]
-        tar.extractall(cache, members=members, filter="data")
-    return script
-
-
-def convert(converter: Path, folder: Path, out: Path, mmproj: bool) -> None:
-    """Run the converter on `folder` (float32 output) with its own gguf-py, not the installed one."""
-    env = {**os.environ, "PYTHONPATH": str(converter.parent / "gguf-py")}
-    args = [sys.executable, str(converter), str(folder), "--outfile", str(out), "--outtype", "f32"]
-    done = subprocess.run(args + (["--mmproj"] if mmproj else []), env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise AssertionError(f"convert_hf_to_gguf.py failed on {folder.name}:\n{done.stderr[-2000:]}")
-
-
-@pytest.fixture(scope="session")
-def known_tokenizer(starter_gguf, tmp_path_factory) -> Path:
-    """The starter's SmolLM2 tokenizer as tokenizer.json: the converter names a BPE tokenizer by hashing how it
-    splits a test text, and refuses the tiny trained ones of tests/conftest.py; SmolLM2's it knows."""
-    folder = tmp_path_factory.mktemp("smollm2-tokenizer")
-    tok = transformers.AutoTokenizer.from_pretrained(starter_gguf.parent, gguf_file=starter_gguf.name)
-    tok.save_pretrained(folder)
-    return folder / "tokenizer.json"
 
 
 def _fast_tokenizer(path: Path, specials: list[str]) -> transformers.PreTrainedTokenizerFast:
@@ -225,7 +166,77 @@ def build_qwen2_vl(folder: Path, tokenizer_json: Path, v2_5: bool = False) -> No
     hf.save_pretrained(folder)
 
 
+def build_gemma3(folder: Path, tokenizer_json: Path) -> None:
+    """Gemma 3 in small: a SigLIP tower on 32 px pictures pooled to 16 image tokens, the text model with llama.cpp's
+    fixed layer pattern (five sliding layers, then a full one: its converter writes no pattern) and
+    query_pre_attn_scalar = head_dim (the file has none; llama.cpp uses head_dim below 27B). The converter stores
+    the projection as F16 whatever --outtype says (llama.cpp #13025), so its values are made F16-exact here.
+    transformers 5 saves the tower as vision_tower.embeddings...; released Gemma 3 checkpoints (and the converter's
+    tensor map) say vision_tower.vision_model.embeddings...: the keys are rewritten into that layout before
+    converting, as a downloaded checkpoint has them."""
+    from safetensors.torch import load_file, save_file
+
+    markers = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    _fast_tokenizer(tokenizer_json, list(markers.values())).save_pretrained(folder)
+    config_path = folder / "tokenizer_config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "extra_special_tokens": markers}))
+    tok = transformers.AutoTokenizer.from_pretrained(folder)  # with the markers Gemma3Processor reads
+    image_processor = transformers.Gemma3ImageProcessorPil(size={"height": 32, "width": 32})
+    transformers.Gemma3Processor(image_processor, tok, image_seq_length=16).save_pretrained(folder)
+    text = transformers.Gemma3TextConfig(
+        **{k: v for k, v in _text_config(tok, tied=True).to_dict().items() if k in _GEMMA3_SHARED},
+        num_hidden_layers=6,
+        head_dim=24,
+        query_pre_attn_scalar=24,
+        sliding_window=6,  # shorter than an image's 18 tokens
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0},
+        },
+    )
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=4,
+        vision_use_head=False,
+    )
+    config = transformers.Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=16,
+        **{f"{name.removesuffix('_token')}_token_index": tok.convert_tokens_to_ids(t) for name, t in markers.items()},
+    )
+    torch.manual_seed(3)
+    hf = transformers.Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # norms start at a scale of exactly 1 and the projection at zero: make both matter
+        for name, p in hf.named_parameters():
+            if "norm" in name and "vision_tower" not in name:
+                p.normal_(0, 0.3)
+        projection = hf.model.multi_modal_projector.mm_input_projection_weight
+        projection.copy_(torch.randn_like(projection).mul(0.3).half().float())
+    hf.save_pretrained(folder)
+    weights = folder / "model.safetensors"
+    tensors = load_file(weights)
+    tower = "vision_tower."
+    save_file(
+        {tower + "vision_model." + k.removeprefix(tower) if k.startswith(tower) else k: v for k, v in tensors.items()},
+        weights,
+        metadata={"format": "pt"},
+    )
+
+
+# The shape keys Gemma 3's text config takes from the other families' tiny text config.
+_GEMMA3_SHARED = (
+    "vocab_size hidden_size intermediate_size num_attention_heads num_key_value_heads max_position_embeddings "
+    "initializer_range bos_token_id eos_token_id pad_token_id tie_word_embeddings"
+).split()
+
+
 BUILDERS = {
+    "gemma3": build_gemma3,
     "idefics3": build_idefics3,
     "pixtral": build_pixtral,
     "mistral3": lambda folder, tokenizer_json: build_pixtral(folder, tokenizer_json, mistral3=True),
@@ -235,9 +246,6 @@ BUILDERS = {
 SKIPPED = {
     "llava": "llama.cpp 0.3.36's convert_hf_to_gguf.py --mmproj reads LlavaForConditionalGeneration only with a "
     "Pixtral tower; CLIP and SigLIP towers are rejected ('Unsupported model type')",
-    "gemma3": "the text GGUF is llama.cpp's 'gemma3' architecture, which Tandem's GGUF reader does not run yet; "
-    "and llama.cpp 0.3.36's --mmproj cannot map the tower of a Gemma 3 saved by transformers 5 "
-    "('Can not map tensor vision_tower.embeddings.patch_embedding.bias')",
 }
 
 
@@ -250,8 +258,8 @@ def pair(request, converter, known_tokenizer, tmp_path_factory):
         pytest.skip(f"{name}: {SKIPPED[name]}")
     folder = tmp_path_factory.mktemp(name)
     BUILDERS[name](folder, known_tokenizer)
-    convert(converter, folder, folder / "text.gguf", mmproj=False)
-    convert(converter, folder, folder / f"mmproj-{name}.gguf", mmproj=True)
+    converter(folder, folder / "text.gguf", mmproj=False)
+    converter(folder, folder / f"mmproj-{name}.gguf", mmproj=True)
     from_folder = Model.load(folder, dtype=torch.float32)
     from_gguf = Model.load(folder / "text.gguf", dtype=torch.float32, mmproj=folder / f"mmproj-{name}.gguf")
     return from_folder, from_gguf, folder
@@ -351,7 +359,11 @@ def _copy_with(src: Path, dst: Path, add_tensors: dict[str, np.ndarray] | None =
     [
         (
             {"clip.projector_type": "cogvlm"},
-            ["'cogvlm' projector", "Supported projector types: idefics3, pixtral, qwen2.5vl_merger, qwen2vl_merger"],
+            [
+                "'cogvlm' projector",
+                "Supported projector types: gemma3, idefics3, ",
+                "pixtral, qwen2.5vl_merger, qwen2vl_merger",
+            ],
         ),
         ({"clip.vision.projection_dim": 4096}, ["width 4096", "64 wide", "belongs to another model"]),
     ],
@@ -376,7 +388,8 @@ def test_a_text_file_without_the_image_token_is_named(pair, tmp_path):
         tmp_path / "text.gguf",
         **{
             "tokenizer.ggml.tokens": [
-                t if t not in ("<image>", "[IMG]", "<|image_pad|>") else "<img>" for t in _tokens(folder / "text.gguf")
+                t if t not in ("<image>", "[IMG]", "<|image_pad|>", "<image_soft_token>") else "<img>"
+                for t in _tokens(folder / "text.gguf")
             ]
         },
     )
@@ -385,7 +398,9 @@ def test_a_text_file_without_the_image_token_is_named(pair, tmp_path):
 
 
 def test_a_text_model_with_llama3_rope_factors_is_not_paired_yet(pair, tmp_path):
-    _, _, folder = pair
+    from_folder, _, folder = pair
+    if isinstance(from_folder, Gemma3ForConditionalGeneration):
+        pytest.skip("llama.cpp's gemma3 has no llama3-style rope: its reader ignores rope_freqs.weight")
     mmproj = next(folder.glob("mmproj-*.gguf"))
     shutil.copy(mmproj, tmp_path / mmproj.name)
     head_dim = 16
