@@ -27,6 +27,7 @@ from engine.errors import CorruptFileError, ModelLoadError
 from engine.gguf_file import GGUFFile
 from engine.loading.gguf_tensors import check_types, dequantize
 from engine.loading.mmproj_families import FAMILIES, MmprojError
+from engine.loading.mmproj_packed import read_packable, translate_packed
 
 __all__ = ["MmprojError", "VisionPart", "assemble", "find_mmproj", "pair_mmproj", "paired_mmproj", "read_mmproj"]
 
@@ -84,9 +85,16 @@ def paired_mmproj(text_path: Path) -> Path | None:
 
 
 def read_mmproj(
-    path: Path, text_file: GGUFFile, text_config: ModelConfig, dtype: torch.dtype, device: torch.device
+    path: Path,
+    text_file: GGUFFile,
+    text_config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantized: str | None = None,
 ) -> VisionPart:
-    """Translate the mmproj at `path` for the text model of `text_file` / `text_config`.
+    """Translate the mmproj at `path` for the text model of `text_file` / `text_config`. With `quantized="int4"`
+    (what the text model was loaded with) its quantized linear weights stay packed, as the text model's do
+    (engine/loading/mmproj_packed.py); None dequantizes every tensor to `dtype`.
 
     Raises MmprojError for a projector type Tandem does not run (naming it and the supported ones) and for an
     mmproj whose embedding width or image token does not fit the text model; CorruptFileError for a file that
@@ -125,10 +133,15 @@ def read_mmproj(
             f"{text_file.path.name}'s vocabulary has no such token: the two files are not one model."
         ) from None
     check_types(path, file.tensors, gguf)
-    raw = {t.name: dequantize(t, gguf).to(device=device, dtype=dtype) for t in file.tensors}
+    packable = read_packable(file.tensors, dtype, device) if quantized == "int4" else {}
+    floats = {
+        t.name: dequantize(t, gguf).to(device=device, dtype=dtype) for t in file.tensors if t.name not in packable
+    }
     source = f"{path.name} metadata"
     try:
-        extra, tensors, processor = family.translate(meta, raw, text_file.metadata, source)
+        extra, tensors, processor = translate_packed(
+            lambda raw: family.translate(meta, raw, text_file.metadata, source), floats, packable, gguf
+        )
     except KeyError as e:
         raise CorruptFileError(
             f"{path} lacks {e.args[0]}, which every {kind} projector file has. The file is incomplete or was "
@@ -168,9 +181,11 @@ def pair_mmproj(
     dtype: torch.dtype,
     device: torch.device,
     has_rope_freq_factors: bool = False,
+    quantized: str | None = None,
 ) -> tuple[ModelConfig, dict[str, Any], Any, str | None]:
     """The config and checkpoint to build for a text GGUF and its mmproj (`mmproj`, else the one beside it):
-    `(config, tensors, image processor or None, why images are off or None)`.
+    `(config, tensors, image processor or None, why images are off or None)`. `quantized` is the text model's
+    (see `read_mmproj`).
 
     Without a usable mmproj the text config and tensors come back unchanged, with the reason when there was
     an mmproj (unsupported, mismatched, several candidates): the text model stays usable. An explicitly named
@@ -193,7 +208,7 @@ def pair_mmproj(
                 f"{text_path.name} uses llama3-style rope scaling (rope_freqs.weight), which Tandem does not "
                 "pair with a projector yet. Load the Hugging Face folder for images."
             )
-        part = read_mmproj(mmproj, GGUFFile.open(text_path), text_config, dtype, device)
+        part = read_mmproj(mmproj, GGUFFile.open(text_path), text_config, dtype, device, quantized)
     except MmprojError as e:
         log.warning("%s: images are off: %s", text_path.name, e)
         return text_config, text_tensors, None, str(e)

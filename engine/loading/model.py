@@ -82,7 +82,14 @@ def load_model(
         from engine.loading.mmproj import pair_mmproj
 
         config, tensors, processor, vision_error = pair_mmproj(
-            path, mmproj, config, tensors, target, device, has_rope_freq_factors=freq_factors is not None
+            path,
+            mmproj,
+            config,
+            tensors,
+            target,
+            device,
+            has_rope_freq_factors=freq_factors is not None,
+            quantized=keep,
         )
         release_freed_memory()  # the dequantization temporaries, before packing allocates again
     else:

@@ -121,7 +121,7 @@ class Model(nn.Module):
                 part = tensors[src]
                 _check_part(src, part, param, joined=len(self.checkpoint_names(name)) > 1)
                 parts.append(part)
-            value = _combine(parts, self.get_submodule(name.rsplit(".", 1)[0]) if "." in name else self)
+            value = combine_parts(parts, self.get_submodule(name.rsplit(".", 1)[0]) if "." in name else self)
             if len(parts) > 1:  # joined into a new tensor: drop the parts, or the load's peak holds both copies
                 for src in self.checkpoint_names(name):  # (a 1B Q4_K_M file: 1,377 -> 1,202 MiB at the peak)
                     del tensors[src]
@@ -175,8 +175,9 @@ def _check_part(name: str, part, param: torch.Tensor, joined: bool) -> None:
         )
 
 
-def _combine(parts: list[torch.Tensor | QuantizedWeight], module: nn.Module) -> torch.Tensor | QuantizedWeight:
-    """Concatenate checkpoint tensors on dim 0, keeping them quantized only where `module` can hold that."""
+def combine_parts(parts: list[torch.Tensor | QuantizedWeight], module: nn.Module) -> torch.Tensor | QuantizedWeight:
+    """Concatenate checkpoint tensors on dim 0, keeping them quantized only where `module` can hold that (the
+    text models' loading here, the vision towers' in engine/vision/layers.py)."""
     kinds = {type(p) for p in parts}
     packed_kinds = {QuantizedWeight, SplitWeight, BlockWeight}
     keep_quantized = (

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import ModelLoadError, TensorMismatchError
+from engine.models.base import combine_parts
+from engine.models.linear import BlockWeight, Linear, QuantizedWeight, SplitWeight
 
 
 def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
@@ -51,8 +53,8 @@ class VisionMLP(nn.Module):
     def __init__(self, config: Any):
         super().__init__()
         self.act = activation(config.hidden_act, "vision_config.hidden_act")
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.fc1 = Linear(config.hidden_size, config.intermediate_size)
+        self.fc2 = Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
@@ -60,16 +62,19 @@ class VisionMLP(nn.Module):
 
 def load_checked(
     module: nn.Module,
-    tensors: dict[str, torch.Tensor],
+    tensors: dict[str, Any],
     what: str,
     checkpoint_names: Callable[[str], tuple[str, ...]] = lambda name: (name,),
 ) -> None:
     """Fill `module` (built on the meta device) from checkpoint-named `tensors`, checking every name and shape.
 
     `checkpoint_names(param)` lists the tensors concatenated on dim 0 to make a parameter (fused q/k/v);
-    tensors the module has no use for are ignored. `what` names the part in error messages.
+    tensors the module has no use for are ignored. `what` names the part in error messages. A GGUF weight kept
+    in its blocks (`BlockWeight`, `QuantizedWeight`, `SplitWeight`: an mmproj's quantized linears) stays so in
+    a `Linear` that can hold it, as in the text models; anywhere else it is dequantized.
     """
     state: dict[str, torch.Tensor] = {}
+    quantized: dict[str, Any] = {}
     for name, param in module.named_parameters():
         sources = checkpoint_names(name)
         missing = [s for s in sources if s not in tensors]
@@ -78,15 +83,30 @@ def load_checked(
                 f"the checkpoint has no tensor {missing[0]!r} for the {what}. "
                 "The checkpoint is incomplete or config.json does not describe it."
             )
-        parts = [tensors[s] for s in sources]
-        value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        owner = module.get_submodule(name.rpartition(".")[0])
+        value = combine_parts([tensors[s] for s in sources], owner)
         if tuple(value.shape) != tuple(param.shape):
             raise TensorMismatchError(
                 f"tensor {' + '.join(sources)} of the {what} has shape {tuple(value.shape)} but config.json "
                 f"implies {tuple(param.shape)}. config.json and the weights do not belong together."
             )
-        state[name] = value
-    module.load_state_dict(state, strict=True, assign=True)
+        if isinstance(value, (QuantizedWeight, SplitWeight, BlockWeight)):
+            quantized[name] = value
+        else:
+            state[name] = value
+    for name, value in quantized.items():  # each replaces its Linear's weight parameter by buffers
+        owner = module.get_submodule(name.rpartition(".")[0])
+        if isinstance(value, BlockWeight):
+            owner.load_blocks(value)
+        else:
+            owner.load_quantized(value, device=value.device)
+    # not strict: a packed Linear's buffers are not in `state`; every parameter is, which the check below keeps
+    module.load_state_dict(state, strict=False, assign=True)
+    unfilled = [n for n, p in module.named_parameters() if p.is_meta]
+    if unfilled:
+        raise TensorMismatchError(
+            f"no weights were found for {unfilled[:5]} of the {what}; the checkpoint is incomplete."
+        )
 
 
 def config_value(d: dict[str, Any], key: str, default: Any, cast: Callable[[Any], Any]) -> Any:

@@ -14,6 +14,8 @@ import math
 import torch
 from torch import nn
 
+from engine.models.linear import Linear
+
 
 def pixel_shuffle(features: torch.Tensor, scale: int) -> torch.Tensor:
     """[N, side*side, D] patch features of square tiles -> [N, (side/scale)^2, scale*scale*D]."""
@@ -34,7 +36,7 @@ class ModalityProjection(nn.Module):
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
-        self.proj = nn.Linear(in_features, out_features, bias=False)
+        self.proj = Linear(in_features, out_features, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(x)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.linear import Linear
 from engine.vision.layers import VisionMLP, config_value, load_checked
 
 
@@ -53,8 +54,8 @@ class VisionAttention(nn.Module):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
-        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size)
-        self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.qkv_proj = Linear(config.hidden_size, 3 * config.hidden_size)
+        self.out_proj = Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         num_images, num_tokens, hidden = x.shape

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.models.linear import Linear
 from engine.vision.layers import activation
 
 
@@ -14,9 +15,9 @@ class LlavaProjector(nn.Module):
 
     def __init__(self, vision_dim: int, text_dim: int, act: str, bias: bool):
         super().__init__()
-        self.linear_1 = nn.Linear(vision_dim, text_dim, bias=bias)
+        self.linear_1 = Linear(vision_dim, text_dim, bias=bias)
         self.act = activation(act, "projector_hidden_act")
-        self.linear_2 = nn.Linear(text_dim, text_dim, bias=bias)
+        self.linear_2 = Linear(text_dim, text_dim, bias=bias)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return self.linear_2(self.act(self.linear_1(features)))

@@ -31,6 +31,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
 from engine.models.layers import RMSNorm
+from engine.models.linear import Linear
 from engine.models.llava.projector import LlavaProjector
 from engine.models.mistral3.pixtral import PixtralVisionConfig, PixtralVisionTower
 from engine.models.vlm import VisionLanguageModel
@@ -49,7 +50,7 @@ class PatchMerger(nn.Module):
     def __init__(self, hidden_size: int, merge_size: int):
         super().__init__()
         self.merge_size = merge_size
-        self.merging_layer = nn.Linear(hidden_size * merge_size**2, hidden_size, bias=False)
+        self.merging_layer = Linear(hidden_size * merge_size**2, hidden_size, bias=False)
 
     def forward(self, features: torch.Tensor, grids: Sequence[tuple[int, int]]) -> torch.Tensor:
         """[sum(rows * cols), hidden] for patches [total_patches, hidden] of images with these patch grids;
@@ -71,9 +72,9 @@ class Mistral3Projector(nn.Module):
         super().__init__()
         self.norm = RMSNorm(vision_dim, eps)
         self.patch_merger = PatchMerger(vision_dim, merge_size)
-        self.linear_1 = nn.Linear(vision_dim, text_dim, bias=bias)
+        self.linear_1 = Linear(vision_dim, text_dim, bias=bias)
         self.act = activation(act, "projector_hidden_act")
-        self.linear_2 = nn.Linear(text_dim, text_dim, bias=bias)
+        self.linear_2 = Linear(text_dim, text_dim, bias=bias)
 
     def forward(self, features: torch.Tensor, grids: Sequence[tuple[int, int]]) -> torch.Tensor:
         merged = self.patch_merger(self.norm(features)[0], grids)

@@ -25,6 +25,7 @@ from torch import nn
 
 from engine.errors import ModelLoadError
 from engine.models.layers import RMSNorm
+from engine.models.linear import Linear
 from engine.vision.layers import activation, config_value, load_checked
 from kernels import ops
 
@@ -103,8 +104,8 @@ class PixtralAttention(nn.Module):
     def __init__(self, config: PixtralVisionConfig):
         super().__init__()
         self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
-        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
+        self.o_proj = Linear(config.hidden_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         num_tokens, hidden = x.shape
@@ -122,8 +123,8 @@ class PixtralMLP(nn.Module):
     def __init__(self, config: PixtralVisionConfig):
         super().__init__()
         self.act = activation(config.hidden_act, "vision_config.hidden_act")
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)

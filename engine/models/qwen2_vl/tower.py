@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import ModelLoadError
+from engine.models.linear import Linear
 from engine.vision.layers import VisionMLP, activation, config_value
 from kernels import ops
 
@@ -150,8 +151,8 @@ class VisionAttention(nn.Module):
     def __init__(self, config: Qwen2VisionConfig):
         super().__init__()
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
-        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
-        self.proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.qkv = Linear(config.hidden_size, 3 * config.hidden_size)
+        self.proj = Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: list[torch.Tensor]):
         q, k, v = self.qkv(x).view(-1, 3, self.num_heads, self.head_dim).unbind(1)  # each [N, heads, head_dim]
@@ -170,9 +171,9 @@ class GatedVisionMLP(nn.Module):
     def __init__(self, config: Qwen2VisionConfig):
         super().__init__()
         self.act = activation(config.hidden_act, "vision_config.hidden_act")
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.gate_proj = Linear(config.hidden_size, config.intermediate_size)
+        self.up_proj = Linear(config.hidden_size, config.intermediate_size)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
@@ -196,7 +197,7 @@ class PatchMerger(nn.Module):
         super().__init__()
         merged = config.hidden_size * config.spatial_merge_size**2
         self.ln_q = _norm(config, config.hidden_size)
-        self.mlp = nn.Sequential(nn.Linear(merged, merged), nn.GELU(), nn.Linear(merged, config.out_hidden_size))
+        self.mlp = nn.Sequential(Linear(merged, merged), nn.GELU(), Linear(merged, config.out_hidden_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.ln_q(x)
