@@ -25,6 +25,7 @@ from engine.config import ModelConfig, RopeScaling
 from engine.errors import ModelLoadError
 from engine.models.base import Model
 from engine.models.batch import Batch
+from engine.models.embedding import Embedding
 from engine.models.layers import Attention
 from engine.models.linear import Linear
 from engine.models.rope import RotaryTable, inverse_frequencies
@@ -215,7 +216,7 @@ class Gemma3DecoderLayer(nn.Module):
 class _Body(nn.Module):
     def __init__(self, config: ModelConfig, settings: Gemma3TextSettings):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)  # a GGUF's table may stay in blocks
         self.layers = nn.ModuleList(Gemma3DecoderLayer(config, settings, i) for i in range(config.num_hidden_layers))
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -247,15 +248,15 @@ class Gemma3ForCausalLM(Model):
         return (name,)
 
     def tie_weights(self) -> None:
-        self.lm_head.tie_to(self.model.embed_tokens.weight)
+        self.lm_head.tie_to(self.model.embed_tokens.table)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Scaled token embeddings [num_tokens, hidden]."""
-        weight = self.model.embed_tokens.weight
+        rows = self.model.embed_tokens(input_ids)  # in the weights' dtype (or the blocks' target dtype)
         # sqrt(hidden) goes through float32 to the weights' dtype before the product, as in the reference
         # (in bfloat16 sqrt(3072) becomes 55.5), so embeddings match it bit for bit.
-        scale = torch.tensor(self.config.hidden_size**0.5, dtype=torch.float32).to(weight.device, weight.dtype)
-        return self.model.embed_tokens(input_ids) * scale
+        scale = torch.tensor(self.config.hidden_size**0.5, dtype=torch.float32).to(rows.device, rows.dtype)
+        return rows * scale
 
     def forward(self, inputs: torch.Tensor, positions: torch.Tensor, batch: Batch) -> torch.Tensor:
         return self.run(inputs, positions, batch)

@@ -265,15 +265,15 @@ def _converter_script() -> Path:
 
 @pytest.fixture(scope="session")
 def converter() -> Callable[..., None]:
-    """`converter(folder, out, mmproj)`: llama.cpp 0.3.36's own convert_hf_to_gguf.py run on a Hugging Face
-    folder (float32 output; with --mmproj the projector file), skipping the test where pip cannot fetch it."""
+    """`converter(folder, out, mmproj, outtype="f32")`: llama.cpp 0.3.36's own convert_hf_to_gguf.py run on a
+    Hugging Face folder (with --mmproj the projector file), skipping the test where pip cannot fetch it."""
     return partial(_convert, _converter_script())
 
 
-def _convert(script: Path, folder: Path, out: Path, mmproj: bool) -> None:
-    """Run the converter on `folder` (float32 output) with its own gguf-py, not the installed one."""
+def _convert(script: Path, folder: Path, out: Path, mmproj: bool, outtype: str = "f32") -> None:
+    """Run the converter on `folder` with its own gguf-py, not the installed one."""
     env = {**os.environ, "PYTHONPATH": str(script.parent / "gguf-py")}
-    args = [sys.executable, str(script), str(folder), "--outfile", str(out), "--outtype", "f32"]
+    args = [sys.executable, str(script), str(folder), "--outfile", str(out), "--outtype", outtype]
     done = subprocess.run(args + (["--mmproj"] if mmproj else []), env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise AssertionError(f"convert_hf_to_gguf.py failed on {folder.name}:\n{done.stderr[-2000:]}")

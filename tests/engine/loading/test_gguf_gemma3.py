@@ -42,13 +42,13 @@ CASES = {
 }
 
 
-def _build(name: str, folder: Path, tokenizer_json: Path) -> transformers.Gemma3ForCausalLM:
+def _build(name: str, folder: Path, tokenizer_json: Path, **shape) -> transformers.Gemma3ForCausalLM:
     tok = transformers.PreTrainedTokenizerFast(
         tokenizer_file=str(tokenizer_json), bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>"
     )
     tok.save_pretrained(folder)
     ids = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    config = transformers.Gemma3TextConfig(vocab_size=len(tok), **BASE, **CASES[name], **ids)
+    config = transformers.Gemma3TextConfig(vocab_size=len(tok), **{**BASE, **shape}, **CASES[name], **ids)
     assert config.layer_types == ["sliding_attention"] * 5 + ["full_attention"]
     torch.manual_seed(11)
     hf = transformers.Gemma3ForCausalLM(config).eval()
@@ -143,6 +143,27 @@ def test_greedy_tokens_match_transformers(pair):
     with torch.no_grad():
         ref = hf.generate(input_ids=prompt[None], max_new_tokens=steps, do_sample=False, eos_token_id=None)
     assert generated == ref[0, len(prompt) :].tolist(), name
+
+
+def test_a_q8_0_files_embeddings_stay_in_blocks_and_the_tied_head_reads_them(converter, known_tokenizer, tmp_path):
+    """In bfloat16 on a CPU a quantized table stays in its blocks (rows of 256 values, a row count that is a
+    multiple of 16), as for Llama: the lookup expands only the rows it reads and the tied head shares them."""
+    _build("tied-softcap", tmp_path, known_tokenizer, hidden_size=256)
+    converter(tmp_path, tmp_path / "q8_0.gguf", mmproj=False, outtype="q8_0")
+    packed = Model.load(tmp_path / "q8_0.gguf", dtype=torch.bfloat16)
+    expanded = Model.load(tmp_path / "q8_0.gguf", dtype=torch.bfloat16, quantized=None)
+    table_type = packed.model.embed_tokens.block_type
+    assert table_type.startswith("Q8_0") and packed.lm_head.block_types == [table_type]  # Q8_0, or repacked
+    assert packed.lm_head.blocks0.data_ptr() == packed.model.embed_tokens.blocks.data_ptr()  # one table
+    ids = _prompt(11, 6, packed.config.vocab_size)
+    assert torch.equal(packed.embed(ids), expanded.embed(ids))
+    ours, theirs = _logits(packed, ids), _logits(expanded, ids)
+    # The block kernels round activations to 8 bits, and bfloat16 alone moves these random logits by 0.14 of 3
+    # from float32: a tenth of the largest logit, and each row's choice the other's best within that.
+    atol = 0.1 * theirs.abs().max().item()
+    torch.testing.assert_close(ours, theirs, atol=atol, rtol=0)
+    chosen = theirs.gather(-1, ours.argmax(-1, keepdim=True)).squeeze(-1)
+    assert torch.all(chosen >= theirs.amax(-1) - atol)
 
 
 def _meta(**keys) -> dict:
