@@ -57,15 +57,18 @@ class _Stream:
     inside: bool = False  # the prompt opened the reasoning block: the answer began as thinking
 
 
-def conversation(store: Any, chat_id: int, see_images: bool) -> tuple[list[dict[str, Any]], list[str]]:
-    """Chat `chat_id`'s messages for the prompt, and the shas of their images in prompt order.
+def conversation(
+    store: Any, chat_id: int, see_images: bool, before: int | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Chat `chat_id`'s visible thread for the prompt (`before`: the thread leading to that message, for a new
+    version of it), and the shas of their images in prompt order.
 
     A model that cannot see images gets the text alone (images sent to an earlier vision model stay
     stored and shown, but are left out of its prompt).
     """
     messages: list[dict[str, Any]] = []
     shas: list[str] = []
-    for m in store.messages(chat_id):
+    for m in store.messages(chat_id, before=before):
         if m.role not in ("user", "assistant") or m.column is not None:
             continue
         if see_images and m.role == "user" and m.images:
@@ -104,6 +107,7 @@ class ChatAnswer(QObject):
         self._stream: _Stream | None = None
         self._stopping = False
         self._preparing = False  # images are being embedded or the prompt built before the answer's job starts
+        self._version_of: int | None = None  # the answer being written again: this one is a new version of it
         self._save_timer = QTimer(self)
         self._save_timer.timeout.connect(self._save_partial)
 
@@ -125,10 +129,13 @@ class ChatAnswer(QObject):
         system_prompt: str,
         settings: Mapping[str, Any] | None,
         prompt_tokens: int | None,
+        version_of: int | None = None,
     ) -> None:
         """Ask `backend` for the answer to `messages` (images: the files of their image parts, in order) under
-        the chat's stored `settings`; `prompt_tokens` is the meter's count, until the backend says."""
+        the chat's stored `settings`; `prompt_tokens` is the meter's count, until the backend says. `version_of`:
+        the answer is stored as a new version of that message (regenerate), not after the visible thread."""
         self._preparing = True
+        self._version_of = version_of
         self._stopping = False
         coro = self._prepare_and_begin(backend, messages, images, system_prompt, settings, prompt_tokens)
         self._task = spawn(coro, name=f"prompt-{self.chat_id}")
@@ -180,7 +187,14 @@ class ChatAnswer(QObject):
     def _begin(self, job: AnswerJob, settings: GenerationSettings, prompt_tokens: int | None, reasoning: Any) -> str:
         """Store and show the answer's message and stream the job into it; a notice when it cannot be stored."""
         try:
-            answer = self.store.add_message(self.chat_id, "assistant", "", settings=settings.to_dict(), complete=False)
+            answer = self.store.add_message(
+                self.chat_id,
+                "assistant",
+                "",
+                settings=settings.to_dict(),
+                complete=False,
+                version_of=self._version_of,
+            )
         except StoreError as e:
             spawn(job.cancel(), name=f"unsaved-chat-{self.chat_id}")
             return f"Could not start the answer: {e}"

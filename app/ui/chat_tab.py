@@ -32,6 +32,7 @@ from app.store import StoreError
 from app.ui.answer_saves import RETRY_INTERVAL_MS, PendingSaves
 from app.ui.chat_answer import ChatAnswer, conversation
 from app.ui.chat_attaching import AttachingImages
+from app.ui.chat_branches import BranchingChat
 from app.ui.chat_tab_ui import build_chat_tab
 from app.ui.message_view import MessageWidget
 
@@ -42,7 +43,7 @@ DEFAULT_TITLE = "New chat"
 _TITLE_LENGTH = 48
 
 
-class ChatTab(AttachingImages, QWidget):
+class ChatTab(BranchingChat, AttachingImages, QWidget):
     """One open chat. `send()` / `stop()` / `regenerate()` / `begin_edit()` drive it; signals tell the window."""
 
     title_changed = Signal(int, str)
@@ -60,6 +61,7 @@ class ChatTab(AttachingImages, QWidget):
         self.chat = store.get_chat(chat_id)
         self.chat_id = chat_id
         self._editing_id: int | None = None
+        self._regenerating: int | None = None  # the answer being written again (app/ui/chat_branches.py)
         self._num_attaching = 0
         self.setAcceptDrops(True)
 
@@ -155,8 +157,8 @@ class ChatTab(AttachingImages, QWidget):
     def reload(self) -> None:
         """Show the chat as stored."""
         self.view.clear()
-        for message in self.store.messages(self.chat_id):
-            if message.role in ("user", "assistant") and message.column is None:
+        for message in self.store.messages(self.chat_id):  # the visible thread
+            if self.shows(message):
                 self._add_widget(message)
         self._update_controls()
         self.refresh_context_meter()
@@ -171,6 +173,7 @@ class ChatTab(AttachingImages, QWidget):
         )
         widget.edit_requested.connect(self.begin_edit)
         widget.regenerate_requested.connect(self.regenerate)
+        widget.version_requested.connect(self.switch_version)
         return self.view.add_message(widget)
 
     def _update_thinking_box(self) -> None:
@@ -189,6 +192,7 @@ class ChatTab(AttachingImages, QWidget):
             widget.set_actions(
                 can_edit=not streaming, can_regenerate=not streaming and last and widget.role == "assistant"
             )
+        self._show_versions(streaming)
 
     # --- notices --------------------------------------------------------------------------------------------
 
@@ -231,15 +235,15 @@ class ChatTab(AttachingImages, QWidget):
             )
             return False
         try:
-            if self._editing_id is not None:
-                self.store.delete_messages_from(self.chat_id, self._editing_id)
-                self.view.remove_from(self._editing_id)
-                self._end_edit()
             shas = [self.store.add_attachment(a.data, a.suffix) for a in attachments]
-            message = self.store.add_message(self.chat_id, "user", text, images=shas)
+            # An edited message is a new version of it: the old one and its branch stay, behind ←/→.
+            message = self.store.add_message(self.chat_id, "user", text, images=shas, version_of=self._editing_id)
         except StoreError as e:
             self.show_notice(f"Not sent: {e}\nYour message is still in the box: send it again once this is fixed.")
             return False
+        if self._editing_id is not None:
+            self.view.remove_from(self._editing_id)
+            self._end_edit()
         self._add_widget(message)
         self.input.clear()
         self.strip.clear()
@@ -251,31 +255,8 @@ class ChatTab(AttachingImages, QWidget):
         self._start_answer()
         return True
 
-    def regenerate(self, message_id: int | None = None) -> bool:
-        """Write the last answer (or answer `message_id` and everything after it) again."""
-        self._saves.retry()
-        if self.is_streaming:
-            return False
-        if not self.backend.is_loaded:
-            self.show_notice("No model is loaded yet. Wait for it to load, or open one from the Model menu.")
-            return False
-        widgets = self.view.message_widgets()
-        if message_id is None:
-            if not widgets or widgets[-1].role != "assistant":
-                return False
-            message_id = widgets[-1].message_id
-        try:
-            self.store.delete_messages_from(self.chat_id, message_id)
-        except StoreError as e:
-            self.show_notice(f"Could not regenerate: {e}")
-            return False
-        self.view.remove_from(message_id)
-        self.clear_notice()
-        self._start_answer()
-        return True
-
     def begin_edit(self, message_id: int) -> None:
-        """Put an earlier user message back into the input; sending replaces it and every later message."""
+        """Put an earlier user message back into the input; sending makes a new version of it (a new branch)."""
         if self.is_streaming:
             return
         message = next((m for m in self.store.messages(self.chat_id) if m.id == message_id), None)
@@ -300,19 +281,23 @@ class ChatTab(AttachingImages, QWidget):
 
     def _start_answer(self) -> None:
         self._save_system_prompt()  # typed just now: the answer must already use it
-        messages, shas = conversation(self.store, self.chat_id, self.backend.can_see_images)
+        # A regenerated answer's prompt is the thread that led to it; otherwise the whole visible thread.
+        messages, shas = conversation(self.store, self.chat_id, self.backend.can_see_images, self._regenerating)
         pictures = [self.store.attachment_path(sha) for sha in shas]
         counted = self.context_meter.counted
-        self.answer.start(self.backend, messages, pictures, self.chat.system_prompt, self.chat.settings, counted)
+        system, settings = self.chat.system_prompt, self.chat.settings
+        self.answer.start(self.backend, messages, pictures, system, settings, counted, self._regenerating)
         # Until the job starts (images embedded, prompt built, both off the GUI thread) the tab counts as answering.
         self._update_controls()
         self.streaming_changed.emit(self.chat_id, True)
 
     def _answer_began(self) -> None:
+        self._regenerating = None  # its new version is stored: the visible thread runs through it now
         self._update_controls()
         self.streaming_changed.emit(self.chat_id, True)
 
     def _answer_ended(self, notice: str, answered: bool) -> None:
+        self._branch_answer_ended(answered)
         if notice:
             self.show_notice(notice)
         self._update_controls()

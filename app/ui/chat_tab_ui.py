@@ -67,7 +67,7 @@ def build_chat_tab(tab: Any) -> None:
     tab.edit_bar = QWidget()
     edit_row = QHBoxLayout(tab.edit_bar)
     edit_row.setContentsMargins(8, 0, 4, 0)
-    edit_row.addWidget(QLabel("Editing an earlier message: sending replaces it and every message after it."), 1)
+    edit_row.addWidget(QLabel("Editing an earlier message: sending starts a new branch; the old one stays (←/→)."), 1)
     cancel_edit = QPushButton("Cancel edit")
     cancel_edit.clicked.connect(tab.cancel_edit)
     edit_row.addWidget(cancel_edit)

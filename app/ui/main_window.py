@@ -136,6 +136,9 @@ class MainWindow(ChatFiles, ModelSide, QMainWindow):
         self.close_action = action(chat, "Close chat", lambda: self.close_tab(self.tabs.currentIndex()), "Ctrl+W")
         self.rename_action = action(chat, "Rename…", lambda: self.ask_rename(self.tabs.currentIndex()), "F2")
         self.stop_action = action(chat, "Stop answer", self._stop_current, Qt.Key.Key_Escape)
+        # On the message with the focus, else the lowest one with versions (app/ui/chat_branches.py).
+        self.previous_version_action = action(chat, "Previous version", lambda: self._step_version(-1), "Alt+Left")
+        self.next_version_action = action(chat, "Next version", lambda: self._step_version(+1), "Alt+Right")
         chat.addSeparator()
         action(chat, "Export as Markdown…", lambda: self._export_current("markdown"))
         action(chat, "Export as JSON…", lambda: self._export_current("json"))
@@ -158,6 +161,11 @@ class MainWindow(ChatFiles, ModelSide, QMainWindow):
             self.compare_run_action.triggered.connect(lambda: self._compare_view and self._compare_view.start())
         help_menu = self.menuBar().addMenu("&Help")
         action(help_menu, "Keyboard shortcuts", self.show_shortcuts, QKeySequence.StandardKey.HelpContents)
+
+    def _step_version(self, step: int) -> None:
+        tab = self.current_tab()
+        if tab is not None:
+            tab.step_version(step)
 
     # --- tabs -----------------------------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from app.service.workers import FILES, submit
 from app.ui.rich_text import COPY_CODE_SCHEME, code_blocks, markdown_to_html, warm_up
 from app.ui.theme import is_dark
 from app.ui.thinking_block import ThinkingBlock
+from app.ui.version_switch import VersionSwitch
 
 RENDER_INTERVAL_MS = 80  # while streaming, re-render Markdown at most this often (the text itself is never lost)
 # ...and at most this share of the time: a long answer's render costs more, so it is redone less often.
@@ -141,6 +142,7 @@ class MessageWidget(QFrame):
 
     edit_requested = Signal(int)
     regenerate_requested = Signal(int)
+    version_requested = Signal(int, int)  # message id, -1 (the version before) or +1 (the one after)
 
     def __init__(
         self,
@@ -172,11 +174,14 @@ class MessageWidget(QFrame):
         name = QLabel(_ROLE_NAMES.get(role, role))
         name.setObjectName("roleLabel")
         header.addWidget(name)
+        self.versions = VersionSwitch()
+        self.versions.step.connect(lambda step: self.version_requested.emit(self.message_id, step))
+        header.addWidget(self.versions)
         header.addStretch()
         self.copy_button = self._tool("Copy", "Copy the message as Markdown", self.copy_text)
-        self.edit_button = self._tool("Edit", "Edit this message and send it again (later messages are replaced)")
+        self.edit_button = self._tool("Edit", "Edit this message and send it as a new version (this one is kept)")
         self.edit_button.clicked.connect(lambda: self.edit_requested.emit(self.message_id))
-        self.regenerate_button = self._tool("Regenerate", "Write this answer again")
+        self.regenerate_button = self._tool("Regenerate", "Write this answer again (this one is kept as a version)")
         self.regenerate_button.clicked.connect(lambda: self.regenerate_requested.emit(self.message_id))
         for button in (self.copy_button, self.edit_button, self.regenerate_button):
             header.addWidget(button)
