@@ -120,3 +120,12 @@ def test_a_message_whose_parent_was_lost_follows_the_one_before_it(store):
     raw.execute("PRAGMA foreign_keys = ON")
     assert texts(store, chat.id) == ["q1", "a1", "a2"]
     assert store.messages(chat.id)[-1].parent_id == a1.id and store.messages(chat.id)[0].id == u1.id
+
+
+def test_search_finds_text_in_every_version(store):
+    chat = store.create_chat("Versions")
+    question = store.add_message(chat.id, "user", "about the axolotl")
+    store.add_message(chat.id, "user", "about the capybara", version_of=question.id)
+    assert [m.text for m in store.messages(chat.id)] == ["about the capybara"]
+    for word in ("axolotl", "capybara"):  # the hidden version too: the chat holds it
+        assert [hit.chat.id for hit in store.search_chats(word)] == [chat.id]
