@@ -67,9 +67,13 @@ def find_mmproj(text_path: Path) -> Path | None:
 
 def _projection_width(path: Path) -> int | None:
     try:
-        return GGUFFile.open(path).metadata.get("clip.vision.projection_dim")
+        file = GGUFFile.open(path)
     except ModelLoadError:
         return None  # not a readable projector: never the one picked
+    family = FAMILIES.get(file.metadata.get("clip.projector_type", "mlp"))
+    if family is None:  # a type Tandem does not run: its key, so that loading it names the type
+        return file.metadata.get("clip.vision.projection_dim")
+    return family.projection_width(file.metadata, file.tensor_map)
 
 
 def paired_mmproj(text_path: Path) -> Path | None:
@@ -117,7 +121,7 @@ def read_mmproj(
             f"{path.name} holds a {kind!r} projector, which Tandem does not run. Supported projector types: "
             f"{', '.join(sorted(FAMILIES))}. Images are off; the text model works."
         )
-    width = meta.get("clip.vision.projection_dim")
+    width = family.projection_width(meta, file.tensor_map)
     if width != text_config.hidden_size:
         raise MmprojError(
             f"{path.name} projects images to width {width}, but the text model's embeddings are "

@@ -5,7 +5,8 @@ image prompt. Also: the mmproj found beside the text file, and projectors Tandem
 model with the reason.
 
 Families the converter cannot take are skipped by name with the reason (see README, "Vision from GGUF"): LLaVA
-(its --mmproj reads only Pixtral towers, CLIP and SigLIP are rejected).
+(its --mmproj reads only Pixtral towers, CLIP and SigLIP are rejected; LLaVA with a CLIP tower is checked with
+llama.cpp's legacy scripts in test_mmproj_llava.py).
 """
 
 from __future__ import annotations
@@ -245,7 +246,8 @@ BUILDERS = {
 }
 SKIPPED = {
     "llava": "llama.cpp 0.3.36's convert_hf_to_gguf.py --mmproj reads LlavaForConditionalGeneration only with a "
-    "Pixtral tower; CLIP and SigLIP towers are rejected ('Unsupported model type')",
+    "Pixtral tower; CLIP and SigLIP towers are rejected ('Unsupported model type'). LLaVA with a CLIP tower is "
+    "checked with llama.cpp's legacy scripts in test_mmproj_llava.py",
 }
 
 
