@@ -9,6 +9,8 @@ the chat answers (refused), a regenerate stopped before its answer started (the 
 
 from __future__ import annotations
 
+import json
+
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
@@ -110,7 +112,7 @@ def test_alt_left_and_alt_right_switch_the_focused_or_lowest_message(window, eng
 
 
 def test_an_edited_question_starts_a_branch_and_the_cache_serves_each_branch(
-    window, engine_service, app_store, run, ui
+    window, engine_service, app_store, run, ui, tmp_path
 ):
     """Branch A's and branch B's first questions differ from their first word on, and each is longer than a
     cache page. The engine reuses the longest cached prefix of a prompt (whole pages by hash, then a partial
@@ -168,6 +170,14 @@ def test_an_edited_question_starts_a_branch_and_the_cache_serves_each_branch(
     tab.message_widgets()[0].versions.back_button.click()  # A again, with its second turn
     assert shown(tab)[:3] == [question_a, a_thread[1]["content"], "And then?"] and len(shown(tab)) == 4
     assert [m.text for m in app_store.all_messages(tab.chat_id)].count("And then?") == 2
+    # Chat -> Export: Markdown writes the branch shown, JSON the whole tree
+    assert window.export_chat(tab.chat_id, "markdown", tmp_path / "chat.md")
+    assert window.export_chat(tab.chat_id, "json", tmp_path / "chat.json")
+    markdown = (tmp_path / "chat.md").read_text(encoding="utf-8")
+    assert question_a in markdown and question_b not in markdown and "(version 1 of 2)" in markdown
+    tree = json.loads((tmp_path / "chat.json").read_text(encoding="utf-8"))
+    assert [m["text"] for m in tree["messages"]] == [m.text for m in app_store.all_messages(tab.chat_id)]
+    assert tree["visible_thread"] == [w.message_id for w in tab.message_widgets()]
 
 
 def test_a_regenerate_stopped_before_its_answer_starts_shows_the_old_answer(window, engine_service, app_store, run, ui):
