@@ -77,6 +77,11 @@ class Backend(Protocol):
     def can_see_images(self) -> bool:
         """Whether user messages may carry images."""
 
+    @property
+    def images_off_reason(self) -> str | None:
+        """Why a model that came with a vision part cannot see images (a GGUF's mmproj that did not pair),
+        for the chat to say; None otherwise."""
+
     def count_tokens(
         self,
         messages: Sequence[Mapping[str, Any]],

@@ -66,6 +66,11 @@ class LocalBackend:
         return self._loaded is not None and self._loaded.vision is not None
 
     @property
+    def images_off_reason(self) -> str | None:
+        """Why the loaded GGUF's projector (mmproj) did not pair (engine's `model.vision_error`), or None."""
+        return None if self._loaded is None else self._loaded.model.vision_error
+
+    @property
     def image_placeholder(self) -> str:
         """The text the chat template writes for an image ("<image>" for LLaVA)."""
         vision = self._loaded.vision if self._loaded else None

@@ -99,6 +99,10 @@ class RemoteBackend:
     def can_see_images(self) -> bool:
         return self.sees_images
 
+    @property
+    def images_off_reason(self) -> str | None:
+        return None  # a server says only whether it takes images
+
     def count_tokens(
         self,
         messages: Sequence[Mapping[str, Any]],

@@ -228,10 +228,12 @@ class ChatTab(BranchingChat, AttachingImages, QWidget):
             self.show_notice("No model is loaded yet. Wait for it to load, or open one from the Model menu.")
             return False
         if attachments and not self.backend.can_see_images:
+            reason = self.backend.images_off_reason  # a GGUF whose projector did not pair: say why
             self.show_notice(
-                f"Not sent: the loaded model ({self.backend.name}) cannot see images. Remove the images "
-                "to send the text alone, or load a vision model such as the bundled demo vision model "
-                "(Model menu)."
+                f"Not sent: the loaded model ({self.backend.name}) cannot see images."
+                + (f" {reason}" if reason else "")
+                + " Remove the images to send the text alone, or load a vision model such as the bundled "
+                "demo vision model (Model menu)."
             )
             return False
         try:
