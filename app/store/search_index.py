@@ -5,7 +5,7 @@ Why an index: the scan before it ran a Python function over every message, 2.5 s
 30,000 chats and 1.2 million messages, growing with the history. The index answers from the trigrams' lists.
 
 Both indexes are "external content" tables (``content='messages'``/``'chats'``): they hold only the
-trigrams, and ``snippet()`` reads the text from the real row, so the text is not stored twice. Triggers on
+trigrams, and a search reads the text from the real row, so the text is not stored twice. Triggers on
 insert, delete (a chat's cascade included) and update of the text keep them exact inside the same
 transaction as the write.
 
