@@ -6,13 +6,15 @@ Prints the open time (the first open of a version-1 file includes the migration 
 older messages are then indexed in the background, timed with the GUI-thread writes made meanwhile), three
 more opens, then each query's time through the index with the sidebar's limit, as the sidebar
 runs it (ChatSearch on its worker thread, measured from submit to result), and through the scan that
-searches used before (TANDEM_SEARCH_INDEX=off's path), for comparison.
+searches used before (TANDEM_SEARCH_INDEX=off's path), for comparison. The load average is printed before
+and after: on a busy machine the times grow with it, so compare runs made at a similar load.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import sys
 import time
@@ -35,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # the backfill's progress
     if not args.path.is_file():
         parser.error(f"{args.path} does not exist; make it with tools/make_big_history.py")
+    print(f"load average {_load()}")
     started = time.perf_counter()
     store = Store(args.path)
     print(f"open (schema {store.schema_version}): {(time.perf_counter() - started) * 1000:.1f} ms")
@@ -73,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
                 f" {len(hits)} chats; first snippet {snippet!r}"
             )
         searcher.close()
+    print(f"load average {_load()}")
     if not args.no_scan:
         conn = connect(args.path)
         for query in QUERIES[:3]:
@@ -80,6 +84,10 @@ def main(argv: list[str] | None = None) -> None:
             hits = search(conn, query, SHOWN_LIMIT, use_index=False)
             print(f"scan {query!r}: {(time.perf_counter() - started) * 1000:.0f} ms, {len(hits)} chats")
         conn.close()
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":
