@@ -89,7 +89,9 @@ def read_model_info(path: str | Path) -> ModelInfo:
             from engine.loading.mmproj import paired_mmproj
 
             # Looked up outside the cache, keyed by the text file: a projector may be put beside it later.
-            info = replace(info, can_see_images=paired_mmproj(path) is not None)
+            mmproj = paired_mmproj(path)
+            if mmproj is not None:
+                info = _with_tower(info, mmproj)
         # The card names the file as the user gave it (a link keeps its own name); the cache, its target.
         return info if info.path == path else replace(info, path=path, name=path.stem)
     return _folder_info(path)
@@ -119,15 +121,7 @@ def _gguf_info(path: Path, mtime_ns: int, size: int) -> ModelInfo:
     file = GGUFFile.open(path)  # maps the file and parses the header; tensor data is never touched
     arch = file.architecture
     metadata = file.metadata
-    elements: Counter[str] = Counter()  # tensor type name -> elements stored in it
-    packed_bytes = num_float = 0
-    for t in file.tensors:
-        kind = t.tensor_type.name
-        elements[kind] += int(t.n_elements)
-        if kind in FLOAT_TYPES:
-            num_float += int(t.n_elements)
-        else:
-            packed_bytes += int(t.n_bytes)
+    elements, packed_bytes, num_float = _tensor_totals(file)
     context = metadata.get(f"{arch}.context_length")
     config = None
     if arch in ARCHITECTURES:
@@ -150,6 +144,42 @@ def _gguf_info(path: Path, mtime_ns: int, size: int) -> ModelInfo:
         packed_bytes=packed_bytes,
         num_float_parameters=num_float,
     )
+
+
+def _tensor_totals(file: Any) -> tuple[Counter[str], int, int]:
+    """(elements per tensor type name, bytes of block-quantized tensors, elements of float tensors)."""
+    elements: Counter[str] = Counter()
+    packed_bytes = num_float = 0
+    for t in file.tensors:
+        kind = t.tensor_type.name
+        elements[kind] += int(t.n_elements)
+        if kind in FLOAT_TYPES:
+            num_float += int(t.n_elements)
+        else:
+            packed_bytes += int(t.n_bytes)
+    return elements, packed_bytes, num_float
+
+
+def _with_tower(info: ModelInfo, mmproj: Path) -> ModelInfo:
+    """A text GGUF's card with the mmproj paired beside it: it sees images, and its size, parameters and
+    weights' memory count the vision tower and projector too, so the memory check before loading does."""
+    stat = mmproj.stat()
+    elements, packed_bytes, num_float = _mmproj_totals(mmproj.resolve(), stat.st_mtime_ns, stat.st_size)
+    return replace(
+        info,
+        can_see_images=True,
+        size_bytes=info.size_bytes + stat.st_size,
+        num_parameters=(info.num_parameters or 0) + sum(elements.values()),
+        packed_bytes=info.packed_bytes + packed_bytes,
+        num_float_parameters=info.num_float_parameters + num_float,
+    )
+
+
+@lru_cache(maxsize=16)
+def _mmproj_totals(path: Path, mtime_ns: int, size: int) -> tuple[Counter[str], int, int]:
+    from engine.gguf_file import GGUFFile
+
+    return _tensor_totals(GGUFFile.open(path))
 
 
 def _dominant_type(elements: Counter[str]) -> str | None:

@@ -194,3 +194,47 @@ def test_the_cli_prints_the_card_and_the_memory_at_a_context(bench_files, capsys
     out = capsys.readouterr().out
     assert f"parameters:   {expected_parameters():,}" in out and "quantization: Q4_0" in out
     assert "context:      131,072 tokens" in out and "at 4,096 tokens" in out
+
+
+def write_mmproj(path: Path, projector: str = "mlp") -> dict[str, int]:
+    """A header-true mmproj (llama.cpp's 'clip' architecture): a Q8_0 and an F16 tower matrix, an F32 bias.
+    Returns the elements per type; `bytes` is the Q8_0 matrix's size in blocks."""
+    import gguf
+
+    rng = np.random.default_rng(1)
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_string("clip.projector_type", projector)
+    q8 = rng.normal(0, 0.1, size=(64, 256)).astype(np.float32)
+    packed = gguf.quants.quantize(q8, gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor("v.blk.0.attn_q.weight", packed, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor("mm.0.weight", rng.normal(0, 0.1, size=(32, 64)).astype(np.float16))
+    writer.add_tensor("mm.0.bias", np.zeros(32, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return {"Q8_0": 64 * 256, "F16": 32 * 64, "F32": 32, "bytes": packed.nbytes}
+
+
+def test_a_text_gguf_with_its_mmproj_beside_it_counts_the_tower(bench_files, tmp_path):
+    from engine.memory_fit import memory_need
+
+    text = tmp_path / "model.gguf"
+    text.symlink_to(bench_files["Q4_0"])
+    alone = read_model_info(text)
+    assert not alone.can_see_images
+    tower = write_mmproj(tmp_path / "mmproj-model-f16.gguf")
+    info = read_model_info(text)
+    assert info.can_see_images
+    assert info.size_bytes == alone.size_bytes + (tmp_path / "mmproj-model-f16.gguf").stat().st_size
+    assert info.num_parameters == alone.num_parameters + tower["Q8_0"] + tower["F16"] + tower["F32"]
+    assert info.packed_bytes == alone.packed_bytes + tower["bytes"]
+    assert info.num_float_parameters == alone.num_float_parameters + tower["F16"] + tower["F32"]
+    grown = memory_need(info, 4096, 2).weights_bytes - memory_need(alone, 4096, 2).weights_bytes
+    assert grown == tower["bytes"] + 2 * (tower["F16"] + tower["F32"])
+
+    # A projector Tandem does not pair leaves the card text-only, its size the text file's alone.
+    (tmp_path / "mmproj-model-f16.gguf").unlink()
+    write_mmproj(tmp_path / "mmproj-other.gguf", projector="resampler")
+    assert read_model_info(text) == alone
