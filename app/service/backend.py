@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from app.service.generation import GenerationSettings
-from app.service.images import ImageSource  # a file path (a stored attachment), or the encoded bytes
+from app.service.images import ImageSource, KnownImage  # a stored file's path, bytes, or bytes with their digest
 from engine.errors import ChatTemplateError, ImageError  # what start_answer raises for a bad image or template
 from engine.vision.prompt import user_message  # a user message with n {"type": "image"} parts: start_answer's form
 
@@ -33,6 +33,7 @@ __all__ = [
     "ContextFull",
     "ImageError",
     "ImageSource",
+    "KnownImage",
     "ModelSwapped",
     "user_message",
 ]

@@ -8,6 +8,7 @@ The UI calls these through `app.service.workers` (decoding a big photo takes a w
 
 from __future__ import annotations
 
+import hashlib
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,8 @@ class AttachmentError(ImageError):
 
 @dataclass(frozen=True)
 class ImageAttachment:
-    """A checked image waiting to be sent: its original bytes, file suffix, size and a small PNG thumbnail."""
+    """A checked image waiting to be sent: its original bytes, their sha256 (the store's name for them, the
+    image embeddings' key), file suffix, size and a small PNG thumbnail."""
 
     name: str
     data: bytes
@@ -35,6 +37,7 @@ class ImageAttachment:
     width: int
     height: int
     thumbnail_png: bytes
+    sha256: str
 
 
 def check_pixels(name: str, width: int, height: int) -> None:
@@ -67,7 +70,7 @@ def check_image_bytes(data: bytes, name: str) -> ImageAttachment:
     out = io.BytesIO()
     thumb.save(out, "PNG")
     width, height = image.picture.size
-    return ImageAttachment(name, data, FORMATS[kind], width, height, out.getvalue())
+    return ImageAttachment(name, data, FORMATS[kind], width, height, out.getvalue(), hashlib.sha256(data).hexdigest())
 
 
 def load_image_file(path: str | Path) -> ImageAttachment:

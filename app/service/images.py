@@ -6,6 +6,7 @@ import hashlib
 import logging
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,19 @@ log = logging.getLogger(__name__)
 # A LLaVA-1.5-7B image is 576 x 4096 bf16 rows (4.5 MB); 32 of them stay well under the KV cache's share.
 IMAGE_CACHE_SIZE = 32
 
-ImageSource = str | Path | bytes
+
+@dataclass(frozen=True)
+class KnownImage:
+    """A picture the window has just checked and stored, with the sha256 of its bytes (the store's name for
+    it): sending it neither reads the file again nor hashes the bytes again. Pictures of earlier messages go
+    as their stored files' paths, read and hashed at each send, which is what notices a file damaged on disk."""
+
+    data: bytes
+    sha256: str
+    name: str
+
+
+ImageSource = str | Path | bytes | KnownImage
 
 
 class EmbeddingCache:
@@ -55,14 +68,17 @@ def embed_all(loaded: Any, images: list[ImageSource]) -> list[MMEmbedding]:
     """Vision worker: embed each image with `loaded`'s model (`.model`, `.tokenizer`, `.vision`, `.name`),
     through its LRU (`.images`).
 
-    Each file is read once and its bytes hashed once (sha256, the LRU key); on a miss the engine's one door,
+    Each file is read once and its bytes hashed once (sha256, the LRU key; a KnownImage brings both); on a miss the engine's one door,
     `decode_image`, checks and decodes those bytes and takes that digest for the embedding's ids, so the
     vision handle neither reads the file again nor hashes the pixels.
     """
     out = []
     for source in images:
-        data, name = _read(source)
-        key = hashlib.sha256(data).hexdigest()
+        if isinstance(source, KnownImage):
+            data, name, key = source.data, source.name, source.sha256
+        else:
+            data, name = _read(source)
+            key = hashlib.sha256(data).hexdigest()
         embedding = loaded.images.get(key)
         if embedding is None:
             image = decode_image(data, name=name, content_hash=key)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import httpx2
 from PIL import Image
 
-from app.service.images import ImageSource
+from app.service.images import ImageSource, KnownImage
 from app.service.remote_errors import (
     RemoteBadReply,
     RemoteError,
@@ -288,7 +288,9 @@ def _data_urls(images: list[ImageSource]) -> list[str]:
     image that cannot be read."""
     urls = []
     for i, source in enumerate(images):
-        if isinstance(source, (bytes, bytearray, memoryview)):
+        if isinstance(source, KnownImage):
+            data, name = source.data, source.name
+        elif isinstance(source, (bytes, bytearray, memoryview)):
             data, name = bytes(source), f"image {i + 1}"
         else:
             try:

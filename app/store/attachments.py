@@ -56,16 +56,18 @@ class AttachmentsMixin:
     _db: Database
     attachments_dir: Path
 
-    def add_attachment(self, data: bytes, suffix: str) -> str:
+    def add_attachment(self, data: bytes, suffix: str, sha256: str | None = None) -> str:
         """Store ``data`` once (same bytes -> same file) and return its sha256 hex digest.
 
         ``suffix`` ("png", ".jpg") names the file type; bytes already stored keep their first suffix.
+        ``sha256``: the digest of ``data`` when the caller has it already (the window's attachment check
+        computed it), so the bytes are hashed once; it must be that digest, as it names the file.
         """
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"attachment data must be bytes, got {type(data).__name__}")
         suffix = clean_suffix(suffix)
         data = bytes(data)
-        sha = hashlib.sha256(data).hexdigest()
+        sha = sha256 if sha256 is not None else hashlib.sha256(data).hexdigest()
         row = self._db.row("SELECT suffix FROM attachments WHERE sha = ?", (sha,))
         path = self.attachments_dir / f"{sha}.{row['suffix'] if row else suffix}"
         if not (path.is_file() and path.stat().st_size == len(data)):

@@ -24,9 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.service.backend import (
-    Backend,
-)
+from app.service.backend import Backend, KnownImage
 from app.service.generation import complete_settings, has_json_mode, thinking_of, with_json_mode, with_thinking
 from app.store import StoreError
 from app.ui.answer_saves import RETRY_INTERVAL_MS, PendingSaves
@@ -75,6 +73,7 @@ class ChatTab(BranchingChat, AttachingImages, QWidget):
         self._saves.failed.connect(self._save_failed)
         self._saves.saved.connect(self._save_recovered)
         self._save_notice = ""
+        self._just_attached: dict[str, KnownImage] = {}  # the message being sent's checked pictures
         self._system_timer = QTimer(self)
         self._system_timer.setSingleShot(True)
         self._system_timer.setInterval(400)
@@ -237,7 +236,7 @@ class ChatTab(BranchingChat, AttachingImages, QWidget):
             )
             return False
         try:
-            shas = [self.store.add_attachment(a.data, a.suffix) for a in attachments]
+            shas = [self.store.add_attachment(a.data, a.suffix, a.sha256) for a in attachments]
             # An edited message is a new version of it: the old one and its branch stay, behind ←/→.
             message = self.store.add_message(self.chat_id, "user", text, images=shas, version_of=self._editing_id)
         except StoreError as e:
@@ -246,6 +245,8 @@ class ChatTab(BranchingChat, AttachingImages, QWidget):
         if self._editing_id is not None:
             self.view.remove_from(self._editing_id)
             self._end_edit()
+        # Sent with the bytes and digest the check already has: the picture is read and hashed once.
+        self._just_attached = {a.sha256: KnownImage(a.data, a.sha256, a.name) for a in attachments}
         self._add_widget(message)
         self.input.clear()
         self.strip.clear()
@@ -285,7 +286,8 @@ class ChatTab(BranchingChat, AttachingImages, QWidget):
         self._save_system_prompt()  # typed just now: the answer must already use it
         # A regenerated answer's prompt is the thread that led to it; otherwise the whole visible thread.
         messages, shas = conversation(self.store, self.chat_id, self.backend.can_see_images, self._regenerating)
-        pictures = [self.store.attachment_path(sha) for sha in shas]
+        pictures = [self._just_attached.get(sha) or self.store.attachment_path(sha) for sha in shas]
+        self._just_attached = {}
         counted = self.context_meter.counted
         system, settings = self.chat.system_prompt, self.chat.settings
         self.answer.start(self.backend, messages, pictures, system, settings, counted, self._regenerating)

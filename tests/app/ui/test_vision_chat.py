@@ -9,6 +9,7 @@ with garbage, and then deleted, before the next send.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import shutil
 import sys
@@ -254,3 +255,51 @@ def test_model_manager_lists_the_bundled_demo_second_and_loads_it_offline(
         assert len(manager.paths()) == 2 and "Demo vision" not in manager.model_list.item(1).text()
     finally:
         run(service.close())
+
+
+def test_a_dropped_picture_is_read_and_hashed_once_on_its_way_to_the_model(
+    open_window, tiny_vision, app_store, run, ui, tmp_path, monkeypatch
+):
+    # Checked, stored and embedded, the picture's bytes are read from its file once and hashed once: the
+    # check's digest names the stored file and keys the embedding. A later turn reads and hashes the
+    # stored file again, which is what notices one damaged on disk (test_bad_images_in_a_vision_chat...).
+    window = open_window(tiny_vision)
+    tab = window.current_tab()
+    tab.set_settings(ui.greedy_settings(tiny_vision, 3))
+    picture = shapes_png(tmp_path, "once.png", [("yellow", "triangle"), ("green", "circle")], seed=7)
+    data = picture.read_bytes()
+    hashed, read = [], []
+    real_sha256, real_read_bytes = hashlib.sha256, Path.read_bytes
+
+    def sha256(*args, **kwargs):
+        if args and bytes(args[0]) == data:
+            hashed.append(1)
+        return real_sha256(*args, **kwargs)
+
+    def read_bytes(path):
+        out = real_read_bytes(path)
+        if out == data:
+            read.append(path.name)
+        return out
+
+    monkeypatch.setattr(hashlib, "sha256", sha256)
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+
+    async def go():
+        mime = drop(tab, [picture])
+        await ui.wait_for(lambda: tab.strip.attachments(), what="the dropped picture")
+        del mime
+        tab.input.setPlainText(DESCRIBE)
+        assert tab.send()
+        await ui.wait_idle(window)
+        assert tab.notice_text() == "" and app_store.messages(tab.chat_id)[-1].complete
+        first = (len(hashed), list(read))
+        tab.input.setPlainText(COUNT)
+        assert tab.send()
+        await ui.wait_idle(window)
+        return first
+
+    (hashes, reads) = run(go())
+    assert (hashes, reads) == (1, ["once.png"])
+    stored = app_store.attachment_path(app_store.messages(tab.chat_id)[0].images[0]).name
+    assert (len(hashed), read) == (2, ["once.png", stored])  # the next turn checks the stored file
