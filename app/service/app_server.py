@@ -27,6 +27,7 @@ from typing import Any
 from PySide6.QtCore import QObject, Signal
 
 from app.service.api_keys import NO_KEYRING_NOTE, delete_api_key, load_api_key, save_api_key
+from app.service.workers import LOADER, in_worker
 from engine.server.app import ServerOptions, create_app
 from engine.server.command import LOOPBACK, bind, url_of
 from engine.server.served import ServedModel
@@ -251,7 +252,7 @@ class AppServer(QObject):
 
     async def stop(self) -> None:
         """Stop serving: open streams are cut and their jobs cancelled. Remembered as stopped."""
-        await asyncio.get_running_loop().run_in_executor(None, self._shut)
+        await in_worker(self._shut, pool=LOADER)  # joins the server's thread: never on the GUI thread
         self.store.set_setting(RUNNING_KEY, False)
 
     def close(self) -> None:
