@@ -4,7 +4,7 @@
 
 Under Xvfb (a real X server, not Qt's offscreen platform) it opens Tandem's MainWindow on a fresh data
 folder, loads the starter model (fetched once, as `python -m engine fetch-starter` does), asks two chats
-a question each and runs the compare view on one prompt under three presets. Each window is captured from
+a question each, writes a second version of the first answer, and runs the compare view on one prompt under three presets. Each window is captured from
 the X screen (QScreen.grabWindow), once per colour scheme:
 
     main-window-light.png  main-window-dark.png  compare-light.png  compare-dark.png
@@ -85,6 +85,11 @@ async def _take(app, model: Path, out: Path, max_new_tokens: int) -> None:
             if not tab.send():
                 raise RuntimeError(f"the chat refused the prompt: {tab.notice_text() or 'no reason shown'}")
         await _wait_for(lambda: not any(t.is_streaming for t in tabs), "both answers")
+        # A second version of the first answer (another seed), so the picture shows the versions' switch.
+        tabs[0].set_settings({**tabs[0].settings(), "seed": 4321})
+        if not tabs[0].regenerate():
+            raise RuntimeError(f"the chat refused to regenerate: {tabs[0].notice_text() or 'no reason shown'}")
+        await _wait_for(lambda: not tabs[0].is_streaming, "the second version")
         window.tabs.setCurrentWidget(tabs[0])
         window.sidebar.select(tabs[0].chat_id)
 
