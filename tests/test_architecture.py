@@ -81,6 +81,18 @@ def test_the_window_reaches_the_engine_only_through_the_service():
     assert direct == [], f"app.ui modules importing the engine (go through app.service): {direct}"
 
 
+MAX_LINES = 400  # a file past this holds more than one idea: split it by concept (README, "Map")
+
+
+def test_no_file_is_over_400_lines():
+    long = sorted(
+        (n, str(path.relative_to(ROOT)))
+        for path in modules().values()
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    )
+    assert long == [], f"files over {MAX_LINES} lines: {long}"
+
+
 def test_no_import_cycles():
     edges = graph()
     cycles = [c for c in _strongly_connected(edges) if len(c) > 1]

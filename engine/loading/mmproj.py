@@ -10,7 +10,7 @@ Face folder path already loads, so no tower code knows about GGUF:
                                 HF-named tower tensors, processor dict         /     VisionLanguageModel
 
 What the mmproj lacks (the image token, the processor's other options) is the family's Hugging Face default
-or read from the text file's vocabulary. engine/loading/mmproj_families.py holds the per-family tables.
+or read from the text file's vocabulary. engine/loading/mmproj_families/ holds the per-family tables, a module each.
 """
 
 from __future__ import annotations

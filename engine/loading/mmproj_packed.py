@@ -1,6 +1,6 @@
 """An mmproj's quantized linear weights kept in their blocks, as the text model's projections are.
 
-The families of engine/loading/mmproj_families.py are written for float tensors: they rename, and some move
+The families of engine/loading/mmproj_families/ are written for float tensors: they rename, and some move
 rows (Pixtral's q/k order undone, Qwen2-VL's q, k and v joined). A packed weight cannot go through those torch
 operations, so where its rows end up is learnt by running the family on a stand-in for each:
 
