@@ -126,6 +126,10 @@ class DynamicJob:
     each streaming result also splits its "text" into "reasoning" and "answer", tags left out, and the eos
     result holds "full_reasoning" and "full_answer"; whether the answer starts inside a reasoning block is
     read from the prompt's last tokens (a template that opened one).
+
+    `prompt_penalties` False makes the presence and frequency penalties count generated tokens only, OpenAI's
+    rule (the server's); the repetition penalty still counts the prompt too, as vLLM's does. True (the
+    default, exllamav2's way) counts the prompt for all three.
     """
 
     def __init__(
@@ -148,6 +152,7 @@ class DynamicJob:
         banned_strings: Sequence[str] | None = None,
         embeddings: Sequence[Any] | None = None,
         reasoning: ReasoningFormat | None = None,
+        prompt_penalties: bool = True,
     ):
         filters = _check_filters(filters, token_healing)
         pair = split_prompt_pair(input_ids)
@@ -201,6 +206,7 @@ class DynamicJob:
         if reasoning is not None and not isinstance(reasoning, ReasoningFormat):
             raise ValueError(f"reasoning must be a ReasoningFormat (engine.reasoning) or None, got {reasoning!r}")
         self.reasoning = reasoning  # results then tell reasoning from answer
+        self.prompt_penalties = bool(prompt_penalties)
 
         # Set by the generator.
         self.serial: int | None = None

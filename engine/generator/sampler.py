@@ -109,6 +109,21 @@ def sample(
     return SampleOutput(token_ids, token_probs.float(), top_ids, top_probs.float() if top_probs is not None else None)
 
 
+def _penalise(row: torch.Tensor, s: SamplerSettings, state: SamplerState) -> None:
+    history = state.history_on(row.device)
+    window = (s.token_repetition_range, s.token_repetition_decay)
+    if state.prompt_penalties:
+        rep, freq, pres = s.token_repetition_penalty, s.token_frequency_penalty, s.token_presence_penalty
+        steps.apply_penalties(row, history, rep, freq, pres, *window)
+        return
+    # OpenAI's rule: presence and frequency count generated tokens only; repetition sees the prompt too.
+    if s.token_repetition_penalty != 1.0:
+        steps.apply_penalties(row, history, s.token_repetition_penalty, 0.0, 0.0, *window)
+    if s.token_frequency_penalty != 0.0 or s.token_presence_penalty != 0.0:
+        generated = history[state.num_prompt_tokens :]
+        steps.apply_penalties(row, generated, 1.0, s.token_frequency_penalty, s.token_presence_penalty, *window)
+
+
 def _adjust_logits(
     logits: torch.Tensor,
     settings: Sequence[SamplerSettings],
@@ -121,15 +136,7 @@ def _adjust_logits(
     ban_ids: list[int] = []
     for row, (s, state) in enumerate(zip(settings, states, strict=True)):
         if s.token_repetition_penalty != 1.0 or s.token_frequency_penalty != 0.0 or s.token_presence_penalty != 0.0:
-            steps.apply_penalties(
-                logits[row],
-                state.history_on(logits.device),
-                s.token_repetition_penalty,
-                s.token_frequency_penalty,
-                s.token_presence_penalty,
-                s.token_repetition_range,
-                s.token_repetition_decay,
-            )
+            _penalise(logits[row], s, state)
         if isinstance(s.token_bias, torch.Tensor):
             width = min(vocab_size, s.token_bias.numel())
             logits[row, :width] += s.token_bias[:width].to(logits.device, torch.float32)

@@ -73,6 +73,9 @@ class SamplerState:
         self._tokens = torch.zeros(64, dtype=torch.int64)  # grows by doubling
         self._num_tokens = 0
         self.append(prompt_ids)
+        self.num_prompt_tokens = self._num_tokens
+        # False: presence and frequency penalties count generated tokens only (DynamicJob.prompt_penalties)
+        self.prompt_penalties = True
 
     @property
     def history(self) -> torch.Tensor:
@@ -95,6 +98,7 @@ class SamplerState:
         if not 0 <= num_tokens <= self._num_tokens:
             raise ValueError(f"truncate: num_tokens must be in [0, {self._num_tokens}], got {num_tokens}")
         self._num_tokens = num_tokens
+        self.num_prompt_tokens = min(self.num_prompt_tokens, num_tokens)
 
     def history_on(self, device: torch.device) -> torch.Tensor:
         """The history on ``device`` (the sampler's logits' device), moved there once with the DRY breaker ids."""

@@ -255,6 +255,7 @@ class ServedModel:
                 filters=list(generation.filters),
                 embeddings=images,
                 reasoning=self.reasoning if prompt_param == "messages" else None,
+                prompt_penalties=False,  # OpenAI's presence/frequency penalties count the completion only
             )
         except GeneratorClosedError:  # a shared generator whose owner swapped or unloaded the model just now
             raise APIError(

@@ -406,6 +406,44 @@ def test_penalties_match_reference(params: dict) -> None:
     np.testing.assert_allclose(probs, expected, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(token_presence_penalty=0.7, token_frequency_penalty=0.3),
+        dict(token_repetition_penalty=1.3, token_frequency_penalty=0.5),
+        dict(token_repetition_penalty=1.2, token_presence_penalty=0.4, token_repetition_range=3),
+    ],
+)  # fmt: skip
+def test_openai_penalties_count_only_generated_tokens(params: dict) -> None:
+    # DynamicJob(prompt_penalties=False), the server's rule: presence and frequency over what the job wrote,
+    # repetition over the prompt too. The reference applies the two parts one after the other.
+    s = neutral(**params)
+    vocab_size = 37
+    logits = make_logits(vocab_size, 5)
+    pos = [i for i in range(vocab_size) if 0 < logits[i] < float("inf")]
+    prompt, generated = [pos[0], pos[0], pos[1], pos[2]], [pos[1], pos[3], pos[1]]
+    state = SamplerState(s, prompt, seed=0)
+    state.prompt_penalties = False
+    state.append(generated)
+    repetition_only = neutral(**{**params, "token_presence_penalty": 0.0, "token_frequency_penalty": 0.0})
+    adjusted = ref_penalties(logits.double().tolist(), prompt + generated, repetition_only)
+    adjusted = ref_penalties(adjusted, generated, neutral(**{**params, "token_repetition_penalty": 1.0}))
+    order, ref = ref_distribution(adjusted, s)
+    expected = [0.0] * vocab_size
+    for rank, token in enumerate(order):
+        expected[token] = ref[rank]
+    np.testing.assert_allclose(final_distribution(logits, s, state)[1], expected, atol=1e-6)
+    # The prompt's tokens alone take no presence or frequency penalty.
+    fresh = SamplerState(s, prompt, seed=0)
+    fresh.prompt_penalties = False
+    alone = ref_penalties(logits.double().tolist(), prompt, repetition_only)
+    order, ref = ref_distribution(alone, s)
+    expected = [0.0] * vocab_size
+    for rank, token in enumerate(order):
+        expected[token] = ref[rank]
+    np.testing.assert_allclose(final_distribution(logits, s, fresh)[1], expected, atol=1e-6)
+
+
 def test_penalties_and_warpers_match_transformers() -> None:
     from transformers.generation.logits_process import (
         LogitsProcessorList,

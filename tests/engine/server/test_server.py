@@ -280,6 +280,29 @@ def test_completions_logprobs_and_stop(server):
     assert all(len(e.top_logprobs) == 3 and e.top_logprobs[0].logprob == e.logprob <= 0 for e in entries)
 
 
+def test_presence_and_frequency_penalties_count_the_completion_not_the_prompt(server):
+    # OpenAI's rule (and vLLM's): the prompt's tokens take no presence or frequency penalty. A counting prompt
+    # whose greedy next word is already in it three times: counted over the prompt (the engine's own rule),
+    # penalties of 2 would take 2 + 3 x 2 from that word, more than its lead over the runner-up.
+    url, _ = server
+    c = client(url)
+    prompt = "One, two, three, one, two, three, one, two, three, one, two,"
+    penalties = dict(frequency_penalty=2.0, presence_penalty=2.0)
+    plain = c.completions.create(model="starter", prompt=prompt, max_tokens=16, temperature=0, logprobs=2)
+    first = plain.choices[0].logprobs.tokens[0]
+    lead = (
+        -sorted(plain.choices[0].logprobs.top_logprobs[0].values(), reverse=True)[1]
+        + plain.choices[0].logprobs.token_logprobs[0]
+    )
+    times = prompt.lower().count(first.lower())
+    assert times >= 3 and lead < 2.0 + 2.0 * times  # the prompt's count alone would have turned the choice
+    penalised = c.completions.create(
+        model="starter", prompt=prompt, max_tokens=16, temperature=0, logprobs=2, **penalties
+    )
+    assert penalised.choices[0].logprobs.tokens[0] == first
+    assert penalised.choices[0].text != plain.choices[0].text  # the completion's own repeats are penalised
+
+
 def test_a_vision_model_reads_data_url_images():
     if "demo_vision_shapes" not in sys.modules:  # a development tool, not a package: loaded by path
         spec = importlib.util.spec_from_file_location("demo_vision_shapes", ROOT / "tools/demo_vision/shapes.py")
