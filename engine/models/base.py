@@ -131,17 +131,13 @@ class Model(nn.Module):
                     f"tensor {' + '.join(self.checkpoint_names(name))} has shape {tuple(value.shape)} but the "
                     f"config implies {tuple(param.shape)}. config.json and the weights do not belong together."
                 )
-            if isinstance(value, (QuantizedWeight, SplitWeight, BlockWeight)):
+            if isinstance(value, PACKED):
                 quantized[name] = value
             else:
                 state[name] = value
         self.load_state_dict(state, strict=False, assign=True)
         for name, value in quantized.items():
-            module = self.get_submodule(name.rsplit(".", 1)[0])
-            if isinstance(value, BlockWeight):
-                module.load_blocks(value)
-            else:
-                module.load_quantized(value, device=value.device)
+            load_packed(self, name, value)
             # packing's temporaries: trimmed after every weight, the load's peak was 1,090-1,210 MiB in five
             # runs on the starter; after large ones only, 1,093 or 1,333 (engine/memory.py)
             release_freed_memory()
@@ -175,11 +171,24 @@ def _check_part(name: str, part, param: torch.Tensor, joined: bool) -> None:
         )
 
 
+PACKED = (QuantizedWeight, SplitWeight, BlockWeight)  # GGUF weights kept in their blocks (engine/models/linear.py)
+
+
+def load_packed(root: nn.Module, name: str, value: QuantizedWeight | SplitWeight | BlockWeight) -> None:
+    """Install packed weight `value` as parameter `name` of `root`: its `Linear` (or `Embedding`) trades the
+    float weight for the blocks' buffers."""
+    module = root.get_submodule(name.rpartition(".")[0])
+    if isinstance(value, BlockWeight):
+        module.load_blocks(value)
+    else:
+        module.load_quantized(value, device=value.device)
+
+
 def combine_parts(parts: list[torch.Tensor | QuantizedWeight], module: nn.Module) -> torch.Tensor | QuantizedWeight:
     """Concatenate checkpoint tensors on dim 0, keeping them quantized only where `module` can hold that (the
     text models' loading here, the vision towers' in engine/vision/layers.py)."""
     kinds = {type(p) for p in parts}
-    packed_kinds = {QuantizedWeight, SplitWeight, BlockWeight}
+    packed_kinds = set(PACKED)
     keep_quantized = (
         len(kinds) == 1
         and len({(p.group_size, p.shape[1]) for p in parts if type(p) in packed_kinds}) == 1

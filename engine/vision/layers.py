@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import ModelLoadError, TensorMismatchError
-from engine.models.base import combine_parts
-from engine.models.linear import BlockWeight, Linear, QuantizedWeight, SplitWeight
+from engine.models.base import PACKED, combine_parts, load_packed
+from engine.models.linear import Linear
 
 
 def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
@@ -90,16 +90,12 @@ def load_checked(
                 f"tensor {' + '.join(sources)} of the {what} has shape {tuple(value.shape)} but config.json "
                 f"implies {tuple(param.shape)}. config.json and the weights do not belong together."
             )
-        if isinstance(value, (QuantizedWeight, SplitWeight, BlockWeight)):
+        if isinstance(value, PACKED):
             quantized[name] = value
         else:
             state[name] = value
     for name, value in quantized.items():  # each replaces its Linear's weight parameter by buffers
-        owner = module.get_submodule(name.rpartition(".")[0])
-        if isinstance(value, BlockWeight):
-            owner.load_blocks(value)
-        else:
-            owner.load_quantized(value, device=value.device)
+        load_packed(module, name, value)
     # not strict: a packed Linear's buffers are not in `state`; every parameter is, which the check below keeps
     module.load_state_dict(state, strict=False, assign=True)
     unfilled = [n for n, p in module.named_parameters() if p.is_meta]
