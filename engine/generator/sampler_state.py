@@ -52,6 +52,7 @@ class SamplerState:
         seed: int | None = None,
         tokenizer: Any = None,
         dry_breaker_ids: Iterable[int] | None = None,
+        prompt_penalties: bool = True,
     ) -> None:
         if seed is None:
             seed = int.from_bytes(os.urandom(8), "little") >> 1
@@ -75,7 +76,7 @@ class SamplerState:
         self.append(prompt_ids)
         self.num_prompt_tokens = self._num_tokens
         # False: presence and frequency penalties count generated tokens only (DynamicJob.prompt_penalties)
-        self.prompt_penalties = True
+        self.prompt_penalties = prompt_penalties
 
     @property
     def history(self) -> torch.Tensor:

@@ -59,8 +59,13 @@ class JobSession:
                 f"the tokenizer could not encode dry_sequence_breakers {settings.dry_sequence_breakers!r} "
                 f"({type(e).__name__}: {e}); pass other breaker strings"
             ) from e
-        self.state = SamplerState(settings, self.prompt_ids, seed=self.job.seed, dry_breaker_ids=breaker_ids)
-        self.state.prompt_penalties = self.job.prompt_penalties
+        self.state = SamplerState(
+            settings,
+            self.prompt_ids,
+            seed=self.job.seed,
+            dry_breaker_ids=breaker_ids,
+            prompt_penalties=self.job.prompt_penalties,
+        )
         self.detok = StreamingDetokenizer(self.tokenizer, decode_special_tokens=self.job.decode_special_tokens)
         self._heal_pending = self.heal_text is not None
         if self.job.reasoning is not None:  # the prompt's end says whether its template opened the block

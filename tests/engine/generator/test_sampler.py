@@ -422,8 +422,7 @@ def test_openai_penalties_count_only_generated_tokens(params: dict) -> None:
     logits = make_logits(vocab_size, 5)
     pos = [i for i in range(vocab_size) if 0 < logits[i] < float("inf")]
     prompt, generated = [pos[0], pos[0], pos[1], pos[2]], [pos[1], pos[3], pos[1]]
-    state = SamplerState(s, prompt, seed=0)
-    state.prompt_penalties = False
+    state = SamplerState(s, prompt, seed=0, prompt_penalties=False)
     state.append(generated)
     repetition_only = neutral(**{**params, "token_presence_penalty": 0.0, "token_frequency_penalty": 0.0})
     adjusted = ref_penalties(logits.double().tolist(), prompt + generated, repetition_only)
@@ -434,8 +433,7 @@ def test_openai_penalties_count_only_generated_tokens(params: dict) -> None:
         expected[token] = ref[rank]
     np.testing.assert_allclose(final_distribution(logits, s, state)[1], expected, atol=1e-6)
     # The prompt's tokens alone take no presence or frequency penalty.
-    fresh = SamplerState(s, prompt, seed=0)
-    fresh.prompt_penalties = False
+    fresh = SamplerState(s, prompt, seed=0, prompt_penalties=False)
     alone = ref_penalties(logits.double().tolist(), prompt, repetition_only)
     order, ref = ref_distribution(alone, s)
     expected = [0.0] * vocab_size
