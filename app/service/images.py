@@ -74,11 +74,8 @@ def embed_all(loaded: Any, images: list[ImageSource]) -> list[MMEmbedding]:
     """
     out = []
     for source in images:
-        if isinstance(source, KnownImage):
-            data, name, key = source.data, source.name, source.sha256
-        else:
-            data, name = _read(source)
-            key = hashlib.sha256(data).hexdigest()
+        data, name = read_image(source)
+        key = source.sha256 if isinstance(source, KnownImage) else hashlib.sha256(data).hexdigest()
         embedding = loaded.images.get(key)
         if embedding is None:
             image = decode_image(data, name=name, content_hash=key)
@@ -92,8 +89,11 @@ def embed_all(loaded: Any, images: list[ImageSource]) -> list[MMEmbedding]:
     return out
 
 
-def _read(source: ImageSource) -> tuple[bytes, str | None]:
-    """The image's bytes and the name its errors give it (the path; None lets bytes be named by their size)."""
+def read_image(source: ImageSource) -> tuple[bytes, str | None]:
+    """The image's bytes and the name its errors give it (the path, a KnownImage's name; None lets bytes be
+    named by their size). ImageError for a file that cannot be read."""
+    if isinstance(source, KnownImage):
+        return source.data, source.name
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source), None
     try:

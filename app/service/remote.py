@@ -15,13 +15,12 @@ import base64
 import io
 import logging
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx2
 from PIL import Image
 
-from app.service.images import ImageSource, KnownImage
+from app.service.images import ImageSource, read_image
 from app.service.remote_errors import (
     RemoteBadReply,
     RemoteError,
@@ -288,15 +287,8 @@ def _data_urls(images: list[ImageSource]) -> list[str]:
     image that cannot be read."""
     urls = []
     for i, source in enumerate(images):
-        if isinstance(source, KnownImage):
-            data, name = source.data, source.name
-        elif isinstance(source, (bytes, bytearray, memoryview)):
-            data, name = bytes(source), f"image {i + 1}"
-        else:
-            try:
-                data, name = Path(source).read_bytes(), str(source)
-            except OSError as e:
-                raise ValueError(f"Cannot read {source} ({e.strerror}); attach the image again.") from None
+        data, name = read_image(source)
+        name = name or f"image {i + 1}"
         try:
             with Image.open(io.BytesIO(data)) as image:
                 mime = Image.MIME.get(image.format or "", "")
