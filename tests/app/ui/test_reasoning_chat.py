@@ -21,20 +21,24 @@ from app.ui.chat_answer import conversation
 from app.ui.message_view import MessageWidget
 
 
-@pytest.fixture
-def r1_service(tmp_path, reasoning_models, run):
-    folder = tmp_path / "r1"
+def serve_tiny_qwen3(folder, template: str, name: str, reasoning_models, run):
+    """An EngineService with a tiny random Qwen3 under `template` loaded as `name`; yields it, then closes it."""
     folder.mkdir()
-    reasoning_models.tiny_qwen3(folder, reasoning_models.R1_STYLE)
+    reasoning_models.tiny_qwen3(folder, template)
     service = EngineService(dtype=torch.float32)
 
     async def load():
-        service.load_model(folder, "tiny-r1")
+        service.load_model(folder, name)
         return await service.wait_loaded()
 
     assert run(load())
     yield service
     run(service.close())
+
+
+@pytest.fixture
+def r1_service(tmp_path, reasoning_models, run):
+    yield from serve_tiny_qwen3(tmp_path / "r1", reasoning_models.R1_STYLE, "tiny-r1", reasoning_models, run)
 
 
 def test_thinking_streams_apart_and_stays_out_of_the_next_prompt(r1_service, app_store, run, ui):
@@ -86,18 +90,7 @@ def test_a_closed_block_is_shown_apart_and_left_out_of_history(qtbot):
 
 @pytest.fixture
 def qwen3_service(tmp_path, reasoning_models, run):
-    folder = tmp_path / "qwen3"
-    folder.mkdir()
-    reasoning_models.tiny_qwen3(folder, reasoning_models.QWEN3_STYLE)
-    service = EngineService(dtype=torch.float32)
-
-    async def load():
-        service.load_model(folder, "tiny-qwen3")
-        return await service.wait_loaded()
-
-    assert run(load())
-    yield service
-    run(service.close())
+    yield from serve_tiny_qwen3(tmp_path / "qwen3", reasoning_models.QWEN3_STYLE, "tiny-qwen3", reasoning_models, run)
 
 
 def test_the_think_switch_reaches_the_template_and_is_saved_with_the_chat(qwen3_service, app_store, run, ui):

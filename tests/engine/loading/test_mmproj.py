@@ -286,7 +286,8 @@ def test_image_rows_match_the_folder(pair, size):
     torch.testing.assert_close(ours.embeddings, ref.embeddings, rtol=0, atol=1e-5)
 
 
-def _greedy(model, img) -> list[int]:
+def greedy_tokens(model, img) -> list[int]:
+    """24 greedy tokens answering an image prompt about `img` (also test_mmproj_llava.py's)."""
     emb = model.vision.get_image_embeddings(image=img)
     image = getattr(emb, "prompt_text", emb.text_alias)  # Qwen2-VL wraps its run in vision start / end tokens
     text = f"<|im_start|>User:{image}What is in the picture?<|im_end|>\nAssistant:"
@@ -303,8 +304,8 @@ def _greedy(model, img) -> list[int]:
 def test_greedy_tokens_of_an_image_prompt_match_the_folder(pair):
     from_folder, from_gguf, _ = pair
     img = picture((61, 40), seed=2)
-    tokens = _greedy(from_gguf, img)
-    assert len(tokens) == 24 and tokens == _greedy(from_folder, img)
+    tokens = greedy_tokens(from_gguf, img)
+    assert len(tokens) == 24 and tokens == greedy_tokens(from_folder, img)
 
 
 def test_mmproj_beside_the_text_file_is_found(pair):

@@ -17,6 +17,7 @@ venv's transformers. Two things the tiny model is made to fit:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -29,19 +30,20 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from PIL import Image, ImageDraw
 from safetensors.torch import load_file, save_file
 
-from engine.cache import Cache
-from engine.generator.dynamic import DynamicGenerator
-from engine.generator.job import DynamicJob
-from engine.generator.sampler import SamplerSettings
 from engine.gguf_file import GGUFFile
 from engine.models import Model
 from engine.vision.handle import vision_of
 
 SDIST = "llama_cpp_python-0.3.36"
 LEGACY = f"{SDIST}/vendor/llama.cpp/tools/mtmd/legacy-models/"
+# The picture and the greedy answer are test_mmproj.py's (tests are no package: loaded by path).
+_spec = importlib.util.spec_from_file_location("mmproj_tests", Path(__file__).with_name("test_mmproj.py"))
+_mmproj_tests = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_mmproj_tests)
+picture, greedy_tokens = _mmproj_tests.picture, _mmproj_tests.greedy_tokens
+
 # What llama.cpp's tools/mtmd/requirements.txt pins for these scripts (transformers 4.57.6 and what it imports).
 LEGACY_TRANSFORMERS = ["transformers==4.57.6", "tokenizers==0.22.1", "huggingface-hub==0.36.0"]
 
@@ -186,13 +188,6 @@ def test_the_legacy_file_is_what_tandem_reads(pair):
     assert "v.post_ln.weight" not in shapes and "v.class_embd" in shapes
 
 
-def picture(size: tuple[int, int], seed: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    img = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
-    ImageDraw.Draw(img).ellipse((size[0] // 5, size[1] // 6, size[0] * 3 // 4, size[1] * 4 // 5), fill="red")
-    return img
-
-
 @pytest.mark.parametrize("size", [(32, 32), (61, 40), (20, 14)])
 def test_image_rows_match_the_folder(pair, size):
     from_folder, from_gguf, _ = pair
@@ -204,25 +199,12 @@ def test_image_rows_match_the_folder(pair, size):
     torch.testing.assert_close(ours.embeddings, ref.embeddings, rtol=0, atol=1e-5)
 
 
-def _greedy(model, img) -> list[int]:
-    emb = model.vision.get_image_embeddings(image=img)
-    text = f"<|im_start|>User:{emb.text_alias}What is in the picture?<|im_end|>\nAssistant:"
-    ids = model.tokenizer.encode(text, encode_special_tokens=True, embeddings=[emb])
-    job = DynamicJob(ids, 24, gen_settings=SamplerSettings.greedy(), identifier="a", embeddings=[emb])
-    gen = DynamicGenerator(model, Cache(model, max_seq_len=512, page_size=8), model.tokenizer)
-    gen.enqueue(job)
-    out = []
-    while gen.num_remaining_jobs():
-        out += [t for r in gen.iterate() if "token_ids" in r for t in r["token_ids"][0].tolist()]
-    return out
-
-
 def test_greedy_tokens_of_an_image_prompt_match_the_folder(pair):
     from_folder, from_gguf, _ = pair
     img = picture((61, 40), seed=2)
-    tokens = _greedy(from_gguf, img)
-    assert len(tokens) == 24 and tokens == _greedy(from_folder, img)
-    assert tokens != _greedy(from_gguf, picture((61, 40), seed=5))  # the picture decides the answer
+    tokens = greedy_tokens(from_gguf, img)
+    assert len(tokens) == 24 and tokens == greedy_tokens(from_folder, img)
+    assert tokens != greedy_tokens(from_gguf, picture((61, 40), seed=5))  # the picture decides the answer
 
 
 def test_the_mmproj_beside_the_text_file_is_found_and_the_card_sees_images(pair):
