@@ -17,8 +17,10 @@
    block of 32 values (dx = max|x| / 127, xq = round(x / dx), to nearest even); for each block, eight
    vpdpbusd sum u . xq exactly in int32 for 16 weight rows at once (four values of each per instruction,
    xq's four broadcast), which become float once, times d * dx; c comes in times dx * the block's sum of xq.
-   kernels/torch_ref/gguf_blocks.py's linear_q8 (with 32-value groups) is its twin. Elsewhere a plain C loop
-   multiplies the weights, decoded to float32, with x as it is (twin: linear).
+   kernels/torch_ref/gguf_blocks.py's linear_q8 (with 32-value groups) is its twin. CPUs with AVX2 but not
+   AVX-512 (most laptops) take the same path in block32_avx2.h, with the same integer sums and float steps,
+   so their outputs are the same to the bit. Elsewhere a plain C loop multiplies the weights, decoded to
+   float32, with x as it is (twin: linear).
 
    Each output depends only on its row of x and its row of the weight, in an order fixed by k: a row's result
    is the same whatever rows come with it. Returns -1 for a type or shape it does not take. */
@@ -26,7 +28,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -200,6 +202,8 @@ static int matmul_q8(int type, Layout l, const uint16_t *x, int64_t x_stride, co
     free(q.xq), free(q.dx), free(q.sums);
     return 0;
 }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "block32_avx2.h"
 #else
 
 /* Value v (0..31) of row i of a tile, in float32 as ggml dequantizes it: d times the signed level, plus m. */
@@ -220,10 +224,13 @@ static inline float tile_value(int type, Layout l, const uint8_t *t, int i, int 
 }
 #endif
 
-/* Which path block32_matmul takes here: 2 the 8-bit one (AVX512-VNNI), 0 the portable loop. */
+/* Which path block32_matmul takes here: 2 the 8-bit one (AVX512-VNNI), 1 the 8-bit one on AVX2, 0 the
+   portable loop. */
 int block32_path(void) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
     return 2;
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    return 1;
 #else
     return 0;
 #endif
@@ -235,7 +242,7 @@ int block32_matmul(int type, const uint16_t *x, int64_t x_stride, const uint8_t 
                    int64_t out_stride, int64_t rows, int64_t n, int64_t k, int64_t num_threads) {
     Layout l;
     if (!layout(type, &l) || k % QB || k < QB || n % GROUP || n < GROUP || rows < 1) return -1;
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if (defined(__AVX512VNNI__) && defined(__AVX512BW__)) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
     return matmul_q8(type, l, x, x_stride, w, out, out_stride, rows, n, k, num_threads);
 #else
     const int64_t blocks = k / QB, groups = n / GROUP, tile_bytes = (int64_t)GROUP * l.block_bytes;

@@ -1,7 +1,9 @@
-"""The block kernels' portable C paths, built for a CPU without AVX-512 (TANDEM_CPU_KERNEL_ARCH=x86-64-v3) on
-this one, against their twin: the same tests as test_cpu_blocks.py, in a child process so the other build is
-loaded there and nowhere else. On a machine without AVX512-VNNI the suite already runs them; here it checks
-that every type (the K-quants, IQ4_XS and the 32-value types) has a working path for laptops without it."""
+"""The block kernels' other paths, each built for a lesser CPU on this one and run against its twin: the same
+tests as test_cpu_blocks.py, in a child process so the other build is loaded there and nowhere else.
+TANDEM_CPU_KERNEL_ARCH=x86-64-v3 (AVX2 without AVX-512, most laptops) takes block32_matmul.c's AVX2 8-bit
+path and the K-quants' portable loop; x86-64 (SSE2 only) takes the plain C loops of both. On a CPU with
+AVX512-VNNI the AVX2 path must also give the AVX-512 path's outputs to the bit (they share their arithmetic).
+"""
 
 from __future__ import annotations
 
@@ -13,18 +15,52 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 HERE = Path(__file__).parent
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None or platform.machine() != "x86_64", reason="needs cc on x86-64"
+)
 
 
-@pytest.mark.skipif(shutil.which("cc") is None or platform.machine() != "x86_64", reason="needs cc on x86-64")
-def test_portable_paths_match_their_twin():
-    env = {**os.environ, "TANDEM_CPU_KERNEL_ARCH": "x86-64-v3"}
+def child(arch: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TANDEM_CPU_KERNEL_ARCH": arch}
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=600, env=env, cwd=HERE.parent.parent
+    )
+
+
+@pytest.mark.parametrize("arch", ["x86-64-v3", "x86-64"])
+def test_other_paths_match_their_twin(arch):
     tests = ["test_rows_match_ggufs_dequantization", "test_each_row_is_computed_as_if_alone", "test_shapes"]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "test_cpu_blocks.py"), "-k",
-         " or ".join(tests)],
-        capture_output=True, text=True, timeout=600, env=env, cwd=HERE.parent.parent,
+    done = child(
+        arch, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "test_cpu_blocks.py"), "-k",
+        " or ".join(tests),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "skipped" not in done.stdout  # the kernels were built and ran
+
+
+OUTPUTS = """
+import sys, torch
+sys.path.insert(0, "tests/kernels")
+from test_cpu_blocks import BLOCK32, linear, random_blocks
+from kernels.cpu import blocks
+x = torch.randn(13, 576, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+x[2, 64:96] = 0
+out = {t: (blocks.path(blocks.kernel_type(t)), linear(x, random_blocks(48, 576, t, 9), t)) for t in BLOCK32}
+torch.save(out, sys.argv[1])
+"""
+
+
+@pytest.mark.skipif("avx512_vnni" not in Path("/proc/cpuinfo").read_text(), reason="needs an AVX512-VNNI CPU")
+def test_avx2_path_gives_the_avx512_paths_outputs_to_the_bit(tmp_path):
+    outputs = {}
+    for arch in ("native", "x86-64-v3"):
+        done = child(arch, "-c", OUTPUTS, str(tmp_path / arch))
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs[arch] = torch.load(tmp_path / arch)
+    for type_name, (path, native) in outputs["native"].items():
+        avx2_path, avx2 = outputs["x86-64-v3"][type_name]
+        assert (path, avx2_path) == (2, 1)
+        assert torch.equal(native, avx2), type_name

@@ -1,0 +1,171 @@
+/* block32_matmul.c's 8-bit path for CPUs with AVX2 but without AVX-512 (most laptops): included there only,
+   after its Layout, KVALUES_U8 and qs_offset.
+
+   The same computation as the AVX512-VNNI path, to the bit: x quantized per block of 32 to int8 (the same
+   rounding), the same exact integer dot product u . xq per block and weight row, and the same two float
+   multiply-adds per block in the same order. What differs is how the integer sum is formed, since AVX2 has no
+   vpdpbusd: vpmaddubsw multiplies unsigned weight bytes by signed x bytes into int16 pairs and vpmaddwd adds
+   the pairs into int32. The pairs must not saturate, so the 4- and 5-bit types (u <= 31) go in as they are,
+   while Q8_0 and IQ4_NL go in as signed levels s = u - 128 (|s| * sign(x) per byte: 128 * 127 * 2 fits int16)
+   and get 128 * sum(xq) added back, giving u . xq exactly. A 256-bit register holds 8 weight rows, so each
+   16-row tile is two halves. */
+
+#define MAX_ROWS 8     /* rows of x sharing one unpacked tile */
+#define CHUNK_GROUPS 4 /* groups of weight rows a tile of x passes over while they sit in L2 */
+
+typedef struct {
+    int8_t *xq;     /* [rows, k] */
+    float *dx;      /* [rows, blocks] */
+    float *sums;    /* [rows, blocks]: dx * the block's sum of xq */
+    int32_t *total; /* [rows, blocks]: the block's sum of xq */
+} Quantized;
+
+static void quantize_rows(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k, Quantized *q) {
+    const int64_t blocks = k / QB;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t b = 0; b < blocks; b++) {
+            const uint16_t *xb = x + r * x_stride + b * QB;
+            float v[QB], amax = 0.0f;
+            for (int i = 0; i < QB; i++) {
+                v[i] = bf16_to_float(xb[i]);
+                const float a = v[i] < 0 ? -v[i] : v[i];
+                amax = a > amax ? a : amax;
+            }
+            const float dx = amax / 127.0f;
+            int32_t total = 0;
+            for (int i = 0; i < QB; i += 8) {
+                /* divide, then round to nearest even: as the AVX-512 path does */
+                const __m256i rounded = dx > 0.0f ? _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(v + i), _mm256_set1_ps(dx)))
+                                                  : _mm256_setzero_si256();
+                int32_t lanes[8];
+                _mm256_storeu_si256((__m256i *)lanes, rounded);
+                for (int j = 0; j < 8; j++) {
+                    const int32_t value = lanes[j] > 127 ? 127 : lanes[j] < -128 ? -128 : lanes[j];
+                    q->xq[r * k + b * QB + i + j] = (int8_t)value;
+                    total += value;
+                }
+            }
+            q->dx[r * blocks + b] = dx;
+            q->sums[r * blocks + b] = dx * (float)total;
+            q->total[r * blocks + b] = total;
+        }
+    }
+}
+
+static inline __m256i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* 32 mask bits -> 32 bytes, 0xFF where the bit is set (byte i <- bit i). */
+static inline __m256i bits_to_bytes(uint32_t bits) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int32_t)bits),
+        _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
+    const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL); /* byte j: every bit but j */
+    return _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi8(-1));
+}
+
+/* One half (8 weight rows) of one group's tiles against rows first .. first + rows - 1 of the quantized x:
+   acc[r] lane i += output row 8 * half + i. */
+static inline __attribute__((always_inline)) void half_q8(const int type, const Layout l, const uint8_t *tiles,
+                                                          int64_t blocks, const Quantized *q, int64_t k, int half,
+                                                          int64_t first, int64_t rows, __m256 *acc) {
+    const __m256i low4 = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KVALUES_U8));
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    const int is_signed = type == TYPE_Q8_0 || type == TYPE_IQ4_NL;
+    const int64_t tile_bytes = (int64_t)GROUP * l.block_bytes;
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *t = tiles + b * tile_bytes, *qs = t + qs_offset(l) + 32 * half;
+        for (int64_t line = 0; line < tile_bytes; line += 64) _mm_prefetch((const char *)t + PREFETCH_BYTES + line, _MM_HINT_T0);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 16 * half)));
+        __m256 c; /* w = d * u + c */
+        if (l.has_min)
+            c = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 32 + 16 * half)));
+        else
+            c = _mm256_mul_ps(d, _mm256_set1_ps(type == TYPE_Q4_0 ? -8.0f : type == TYPE_Q5_0 ? -16.0f : -128.0f));
+        __m256i u[8], sign[8]; /* u: values 4j .. 4j + 3 of the 8 rows; for the signed types |s| and s */
+        if (type == TYPE_Q8_0) {
+            for (int j = 0; j < 8; j++) sign[j] = _mm256_loadu_si256((const __m256i *)(qs + 64 * j));
+        } else {
+            for (int j = 0; j < 4; j++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * j));
+                u[j] = _mm256_and_si256(v, low4);
+                u[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            }
+            if (l.has_high) {
+                const uint8_t *masks = t + 32 * (1 + l.has_min);
+                for (int j = 0; j < 8; j++) {
+                    uint32_t bits;
+                    memcpy(&bits, masks + 8 * j + 4 * half, 4);
+                    u[j] = _mm256_add_epi8(u[j], _mm256_and_si256(bits_to_bytes(bits), sixteen));
+                }
+            }
+            if (type == TYPE_IQ4_NL)
+                for (int j = 0; j < 8; j++) sign[j] = _mm256_xor_si256(_mm256_shuffle_epi8(table, u[j]), flip);
+        }
+        if (is_signed)
+            for (int j = 0; j < 8; j++) u[j] = _mm256_abs_epi8(sign[j]);
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t row = first + r;
+            const int8_t *xq = q->xq + row * k + b * QB;
+            __m256i dot = is_signed ? _mm256_set1_epi32(128 * q->total[row * blocks + b]) : _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {
+                __m256i xj = bcast4(xq + 4 * j);
+                if (is_signed) xj = _mm256_sign_epi8(xj, sign[j]);
+                dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(u[j], xj), ones));
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(q->dx[row * blocks + b])), acc[r]);
+            acc[r] = _mm256_fmadd_ps(c, _mm256_set1_ps(q->sums[row * blocks + b]), acc[r]);
+        }
+    }
+}
+
+static void half_any(int type, const uint8_t *tiles, int64_t blocks, const Quantized *q, int64_t k, int half,
+                     int64_t first, int64_t rows, __m256 *acc) {
+    switch (type) {
+    case TYPE_Q4_0: half_q8(TYPE_Q4_0, (Layout){18, 0, 0}, tiles, blocks, q, k, half, first, rows, acc); break;
+    case TYPE_Q4_1: half_q8(TYPE_Q4_1, (Layout){20, 1, 0}, tiles, blocks, q, k, half, first, rows, acc); break;
+    case TYPE_Q5_0: half_q8(TYPE_Q5_0, (Layout){22, 0, 1}, tiles, blocks, q, k, half, first, rows, acc); break;
+    case TYPE_Q5_1: half_q8(TYPE_Q5_1, (Layout){24, 1, 1}, tiles, blocks, q, k, half, first, rows, acc); break;
+    case TYPE_Q8_0: half_q8(TYPE_Q8_0, (Layout){34, 0, 0}, tiles, blocks, q, k, half, first, rows, acc); break;
+    default: half_q8(TYPE_IQ4_NL, (Layout){18, 0, 0}, tiles, blocks, q, k, half, first, rows, acc); break;
+    }
+}
+
+static int matmul_q8(int type, Layout l, const uint16_t *x, int64_t x_stride, const uint8_t *w, uint16_t *out,
+                     int64_t out_stride, int64_t rows, int64_t n, int64_t k, int64_t num_threads) {
+    const int64_t blocks = k / QB, groups = n / GROUP, group_bytes = blocks * GROUP * l.block_bytes;
+    Quantized q = {malloc((size_t)(rows * k)), malloc(sizeof(float) * rows * blocks),
+                   malloc(sizeof(float) * rows * blocks), malloc(sizeof(int32_t) * rows * blocks)};
+    if (!q.xq || !q.dx || !q.sums || !q.total) {
+        free(q.xq), free(q.dx), free(q.sums), free(q.total);
+        return -1;
+    }
+    quantize_rows(x, x_stride, rows, k, &q);
+    const int64_t per_chunk = rows > MAX_ROWS ? CHUNK_GROUPS : 1, chunks = (groups + per_chunk - 1) / per_chunk;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && groups >= 4)
+    for (int64_t chunk = 0; chunk < chunks; chunk++) {
+        const int64_t end = (chunk + 1) * per_chunk < groups ? (chunk + 1) * per_chunk : groups;
+        for (int64_t first = 0; first < rows; first += MAX_ROWS) {
+            const int64_t tile = rows - first < MAX_ROWS ? rows - first : MAX_ROWS;
+            for (int64_t g = chunk * per_chunk; g < end; g++) {
+                for (int half = 0; half < 2; half++) {
+                    __m256 acc[MAX_ROWS];
+                    for (int64_t r = 0; r < tile; r++) acc[r] = _mm256_setzero_ps();
+                    half_any(type, w + g * group_bytes, blocks, &q, k, half, first, tile, acc);
+                    for (int64_t r = 0; r < tile; r++) {
+                        float lanes[8];
+                        _mm256_storeu_ps(lanes, acc[r]);
+                        uint16_t *o = out + (first + r) * out_stride + g * GROUP + 8 * half;
+                        for (int i = 0; i < 8; i++) o[i] = float_to_bf16(lanes[i]);
+                    }
+                }
+            }
+        }
+    }
+    free(q.xq), free(q.dx), free(q.sums), free(q.total);
+    return 0;
+}
