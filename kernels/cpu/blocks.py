@@ -5,7 +5,7 @@ kernels/torch_ref/gguf_repack.py's, named by the type with "x16" after it, the s
 
 On CPUs with AVX512-VNNI both quantize x to 8 bits per block of the weight's type (256 or 32 values) and sum
 integer products, as llama.cpp does (2.1x faster than bfloat16 dot products on the same weights,
-kquant_matmul.c says how it was measured). block32_matmul.c does the same on AVX2 (block32_avx2.h, outputs
+kquant_matmul.c says how it was measured). Both do the same on AVX2 (block32_avx2.h, kquant_avx2.h, outputs
 equal to the bit); elsewhere they multiply bfloat16 x as it is.
 
 Every row count (decode steps, speculative steps, prompts) goes through the kernel, and each row's result is
@@ -63,8 +63,8 @@ def _matmul(source: str):
 
 def path(type_name: str) -> int:
     """The path the compiled kernel for `type_name` takes on this CPU: 2 the 8-bit one (x quantized per block,
-    AVX512-VNNI; twin `gguf_blocks.linear_q8`), 1 the same on AVX2 (block32_matmul.c only), 0 the portable
-    loop (twin `gguf_blocks.linear`); -1 where there is no kernel."""
+    AVX512-VNNI; twin `gguf_blocks.linear_q8`), 1 the same on AVX2, 0 the portable loop (twin
+    `gguf_blocks.linear`); -1 where there is no kernel."""
     source = TYPES[type_name].source
     fn = build.function(source, source.replace("_matmul", "_path"), (), ctypes.c_int)
     return -1 if fn is None else fn()

@@ -29,7 +29,9 @@
    the file's own layout row by row, with a horizontal sum per output; the x16 layout took one row of a
    [8192, 2048] Q4_K weight (cache-warm) from 0.21 to 0.12 ms, 512 rows from 35 to 22.5 ms (dense bfloat16:
    18.5), and one row of a [49152, 2048] one (past the L3) from 1.5 to 0.64 ms (AMD EPYC, 2 threads). kernels/torch_ref/gguf_blocks.py's linear_q8 is its twin.
-   Elsewhere a plain C loop multiplies the weights, decoded to float32, with x as it is (twin: linear).
+   CPUs with AVX2 but not AVX-512 (most laptops) take the same path in kquant_avx2.h, with the same integer
+   sums and float steps, so their outputs are the same to the bit. Elsewhere a plain C loop multiplies the
+   weights, decoded to float32, with x as it is (twin: linear).
 
    Each output depends only on its row of x and its row of the weight, in an order fixed by k: a row's result
    is the same whatever rows come with it. Returns -1 for a type or shape it does not take. */
@@ -37,7 +39,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -360,6 +362,8 @@ static int matmul_q8(int type, const uint16_t *x, int64_t x_stride, const uint8_
     free(q.xq), free(q.dx), free(q.xs);
     return 0;
 }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "kquant_avx2.h"
 #else
 
 /* Q4_K's 6-bit scale and min of sub-block j (0..7) from a row's twelve packed bytes. */
@@ -449,11 +453,13 @@ static void tile_row(int type, const uint8_t *t, int i, float *w) {
 }
 #endif
 
-/* Which path kquant_matmul takes here: 2 the 8-bit one (AVX512-VNNI), 0 the portable loop. The tests pick the
-   twin to compare with by it. */
+/* Which path kquant_matmul takes here: 2 the 8-bit one (AVX512-VNNI), 1 the 8-bit one on AVX2, 0 the
+   portable loop. The tests pick the twin to compare with by it. */
 int kquant_path(void) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
     return 2;
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    return 1;
 #else
     return 0;
 #endif
@@ -464,7 +470,7 @@ int kquant_path(void) {
 int kquant_matmul(int type, const uint16_t *x, int64_t x_stride, const uint8_t *w, uint16_t *out,
                   int64_t out_stride, int64_t rows, int64_t n, int64_t k, int64_t num_threads) {
     if (!block_bytes(type) || k % QK || k < QK || n % GROUP || n < GROUP || rows < 1) return -1;
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if (defined(__AVX512VNNI__) && defined(__AVX512BW__)) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
     return matmul_q8(type, x, x_stride, w, out, out_stride, rows, n, k, num_threads);
 #else
     const int64_t blocks = k / QK, groups = n / GROUP, tile_bytes = (int64_t)GROUP * block_bytes(type);

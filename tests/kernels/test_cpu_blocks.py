@@ -6,8 +6,8 @@ and high bit, every Q2_K/Q3_K scale and min, every IQ4_XS scale, int8 q of both 
 than one chunk of weight rows), rows of 1 to 8 super-blocks and, for the 32-value types, odd block counts
 (32, 96, 576 values), 3-D x, a bias, x with all-zero blocks. Each row's result must not depend on the rows
 beside it. They must decline float32 x, types without a kernel, a wrong row size and non-contiguous blocks.
-On an AVX512-VNNI CPU the 8-bit path is compared with x quantized as its twin (gguf_blocks.linear_q8)
-quantizes it; the portable C path (TANDEM_CPU_KERNEL_ARCH=x86-64-v3) with x as it is.
+On a CPU with AVX512-VNNI or AVX2 the 8-bit path is compared with x quantized as its twin (gguf_blocks.linear_q8)
+quantizes it; the portable C path (TANDEM_CPU_KERNEL_ARCH=x86-64) with x as it is.
 """
 
 from __future__ import annotations

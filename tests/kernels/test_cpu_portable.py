@@ -1,8 +1,8 @@
 """The block kernels' other paths, each built for a lesser CPU on this one and run against its twin: the same
 tests as test_cpu_blocks.py, in a child process so the other build is loaded there and nowhere else.
-TANDEM_CPU_KERNEL_ARCH=x86-64-v3 (AVX2 without AVX-512, most laptops) takes block32_matmul.c's AVX2 8-bit
-path and the K-quants' portable loop; x86-64 (SSE2 only) takes the plain C loops of both. On a CPU with
-AVX512-VNNI the AVX2 path must also give the AVX-512 path's outputs to the bit (they share their arithmetic).
+TANDEM_CPU_KERNEL_ARCH=x86-64-v3 (AVX2 without AVX-512, most laptops) takes the AVX2 8-bit paths of both
+kernels (block32_avx2.h, kquant_avx2.h); x86-64 (SSE2 only) takes their plain C loops. On a CPU with
+AVX512-VNNI the AVX2 paths must also give the AVX-512 paths' outputs to the bit (they share their arithmetic).
 """
 
 from __future__ import annotations
@@ -44,11 +44,12 @@ def test_other_paths_match_their_twin(arch):
 OUTPUTS = """
 import sys, torch
 sys.path.insert(0, "tests/kernels")
-from test_cpu_blocks import BLOCK32, linear, random_blocks
+from test_cpu_blocks import TYPES, linear, random_blocks
 from kernels.cpu import blocks
-x = torch.randn(13, 576, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
-x[2, 64:96] = 0
-out = {t: (blocks.path(blocks.kernel_type(t)), linear(x, random_blocks(48, 576, t, 9), t)) for t in BLOCK32}
+x = torch.randn(13, 512, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)  # 2 super-blocks
+x[2, 64:96] = 0  # a block of zeros (dx = 0 for the 32-value types)
+x[5, 256:] = 0  # a super-block of zeros (dx = 0 for the K-quants)
+out = {t: (blocks.path(blocks.kernel_type(t)), linear(x, random_blocks(48, 512, t, 9), t)) for t in TYPES}
 torch.save(out, sys.argv[1])
 """
 
