@@ -9,10 +9,13 @@ tokens, the one token recomputed after a prefix-cache hit, or a decode step. (Wi
 short calls, a prompt's last token was computed one way cold and another way on a cache hit, and the two
 round differently: greedy answers changed when a prompt was cached.)
 
-Otherwise (float32 caches, other head sizes, CPUs without AVX512-BF16) the decode kernel serves calls
-where every sequence has at most `MAX_QUERIES` new tokens: one query per row, a sequence with several new
-tokens as one row per token, each seeing the keys up to its own position, so a verified draft token is
-scored by the same arithmetic as the same token decoded alone. Longer runs go to the torch twin.
+Otherwise (float32 caches, other head sizes, CPUs without AVX512-BF16, which is most laptops) the decode
+kernel serves every call, prompts included: one query per row, a sequence with several new tokens as one
+row per token, each seeing the keys up to its own position. Prompts once went to the torch twin when they
+had more than 16 new tokens, and the twin rounds differently: on an AVX2 CPU a job's greedy tokens then
+changed with the jobs beside it (a batch with one long prompt sent every sequence to the twin) and with a
+prefix-cache hit (the cached prompt's last token came from the decode kernel), and the 8-bit block kernels
+turn such a rounding difference into a different token within a few steps.
 
 Anything else (float16, CUDA, head sizes over 256, GQA groups over 16) returns None and goes to the next
 backend.
@@ -30,8 +33,6 @@ from kernels.cpu import build
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _MAX_DIM, _MAX_GROUP = 256, 16
-# Each row reads its sequence's keys again, so many new tokens (a prompt) are left to the prefill path.
-MAX_QUERIES = 16
 _i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 # q, k_cache, v_cache, out, then the cache's page, slot and head strides
 _CACHE_ARGS = (_ptr,) * 4 + (_i64,) * 3
@@ -85,26 +86,29 @@ def paged_attention(
         return None
     if _prefill_serves(q, k_cache):
         return _prefill(q, k_cache, v_cache, block_tables, query_lens, seq_lens_host, scale, sliding_window)
-    if max(query_lens) > MAX_QUERIES:
-        if min(query_lens) <= MAX_QUERIES:  # each sequence by its own kernel: see _split
-            return _split(q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
-        return _prefill(q, k_cache, v_cache, block_tables, query_lens, seq_lens_host, scale, sliding_window)
-    fn = _kernel()
-    if fn is None:
+    if _kernel() is None:
         return None
     q = q.to(k_cache.dtype).contiguous()
-    tables = block_tables.to(device="cpu", dtype=torch.int64)
-    if q.shape[0] == len(query_lens):
-        lens = seq_lens.to(device="cpu", dtype=torch.int64).contiguous()
-    else:  # one row per new token, each with its sequence's page table and its own length
-        tables = tables.repeat_interleave(torch.tensor(query_lens, dtype=torch.int64), dim=0)
-        ends = zip(query_lens, seq_lens_host)
-        lens = torch.tensor([end - n + j + 1 for n, end in ends for j in range(n)], dtype=torch.int64)
+    tables = block_tables.to(device="cpu", dtype=torch.int64).contiguous()
     out = torch.empty_like(q)
-    call = bind_decode(
-        q, k_cache, v_cache, out, tables.contiguous(), lens, scale, sliding_window, torch.get_num_threads()
-    )
-    return out if call is not None and call[0](*call[1]) == 0 else None
+    if q.shape[0] == len(query_lens):  # one new token per sequence: one call
+        lens = seq_lens.to(device="cpu", dtype=torch.int64).contiguous()
+        return out if _decode(q, k_cache, v_cache, out, tables, lens, scale, sliding_window) else None
+    # One row per new token, each with its own length and its sequence's page table, a view repeated with
+    # stride 0: a copy per token would take a 32k-token prompt's table 32k times.
+    start = 0
+    for i, (n, end) in enumerate(zip(query_lens, seq_lens_host)):
+        rows, start = slice(start, start + n), start + n
+        lens = torch.arange(end - n + 1, end + 1, dtype=torch.int64)
+        table = tables[i : i + 1].expand(n, -1)
+        if not _decode(q[rows], k_cache, v_cache, out[rows], table, lens, scale, sliding_window):
+            return None
+    return out
+
+
+def _decode(q, k_cache, v_cache, out, tables, lens, scale: float, sliding_window: int | None) -> bool:
+    call = bind_decode(q, k_cache, v_cache, out, tables, lens, scale, sliding_window, torch.get_num_threads())
+    return call is not None and call[0](*call[1]) == 0
 
 
 def bind_decode(q, k_cache, v_cache, out, tables, lens, scale: float, sliding_window: int | None, threads):
@@ -124,42 +128,6 @@ def bind_decode(q, k_cache, v_cache, out, tables, lens, scale: float, sliding_wi
     sizes = (q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], sliding_window or 0)
     args = (*_cache_pointers(q, k_cache, v_cache, out), tables.data_ptr(), tables.stride(0), lens.data_ptr())
     return fn, (*args, *sizes, scale, _DTYPES[k_cache.dtype], threads)
-
-
-def _split(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_lens: Sequence[int],
-    seq_lens_host: Sequence[int],
-    scale: float,
-    sliding_window: int | None,
-) -> torch.Tensor | None:
-    """A batch mixing prompt chunks with decode tokens: the decode kernel for the sequences with few new tokens,
-    the prefill kernel for the rest, so a sequence's attention never depends on what else shares its forward
-    (a greedy job gives the same tokens alone and in any batch)."""
-    out = torch.empty(q.shape, dtype=k_cache.dtype)
-    starts = [sum(query_lens[:i]) for i in range(len(query_lens))]
-    for few in (True, False):
-        picked = [i for i, n in enumerate(query_lens) if (n <= MAX_QUERIES) == few]
-        rows = torch.cat([torch.arange(starts[i], starts[i] + query_lens[i]) for i in picked])
-        part = paged_attention(
-            q[rows],
-            k_cache,
-            v_cache,
-            block_tables[picked],
-            seq_lens[picked],
-            [query_lens[i] for i in picked],
-            [seq_lens_host[i] for i in picked],
-            scale,
-            sliding_window,
-        )
-        if part is None:
-            return None
-        out[rows] = part
-    return out
 
 
 def _prefill_serves(q: torch.Tensor, k_cache: torch.Tensor) -> bool:

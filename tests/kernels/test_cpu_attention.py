@@ -6,10 +6,11 @@ several sequences, lengths ending on a page boundary, one-token sequences, long 
 blocks and pages, sliding windows; both memory layouts of the cache (plain and the CPU's head-major one);
 float32 and bfloat16; head sizes 64 and 128 (the vector path's instances), 8 and 24 (the portable path) and
 GQA groups 1, 3, 7 and 12 (12 has no instance of its own); several new tokens per sequence (a speculative
-step), each equal to decoding it alone. Prompts (over 16 new tokens, bfloat16, AVX512-BF16): alone, over a
-cached history (a later chunk), several of different lengths at once, shared and scattered pages, sliding
-windows, head sizes 32, 64 and 128, groups 1, 3 and 8. The decode kernel must decline prompts, float16 caches and head
-sizes over 256, and a whole model must decode the same greedy tokens with it as with the twins.
+step), each equal to decoding it alone. Prompts (the prefill kernel with AVX512-BF16, the decode kernel
+elsewhere and for float32): alone, over a cached history (a later chunk), several of different lengths at
+once, shared and scattered pages, sliding windows, head sizes 32, 64 and 128, groups 1, 3 and 8; a token's
+bits the same in any call on either path. The kernels must decline float16 caches and head sizes over 256,
+and a whole model must decode the same greedy tokens with them as with the twins.
 """
 
 from __future__ import annotations
@@ -137,8 +138,8 @@ def decline_args(dtype=torch.float32, d=8, query_lens=(1, 1)):
 
 @pytest.mark.parametrize(
     "args",
-    [decline_args(query_lens=(17, 1)), decline_args(dtype=torch.float16), decline_args(d=512)],
-    ids=["prompt tokens", "float16", "head size 512"],
+    [decline_args(dtype=torch.float16), decline_args(d=512)],
+    ids=["float16", "head size 512"],
 )
 def test_declines_what_it_does_not_handle(args):
     assert cpu_attention.paged_attention(*args) is None
@@ -174,23 +175,6 @@ def test_a_model_decodes_the_same_greedy_tokens_as_with_the_twins(tiny_model, mo
     assert with_kernel == with_twins and all(len(t) == 24 for t in with_kernel)
 
 
-prefill_available = pytest.mark.skipif(
-    build.load("paged_prefill") is None
-    or cpu_attention._prefill(
-        torch.zeros(17, 2, 32, dtype=torch.bfloat16),
-        torch.zeros(2, 16, 2, 32, dtype=torch.bfloat16),
-        torch.zeros(2, 16, 2, 32, dtype=torch.bfloat16),
-        torch.tensor([[0, 1]]),
-        [17],
-        [17],
-        1.0,
-        None,
-    )
-    is None,
-    reason="the prefill kernel needs AVX512-BF16",
-)
-
-
 def compare_prompts(tables, lengths, query_lens, page_size=16, hq=9, hkv=3, d=64, window=None, head_major=True):
     g = torch.Generator().manual_seed(sum(lengths) + d)
     num_pages = max(max(t) for t in tables) + 1
@@ -207,7 +191,6 @@ def compare_prompts(tables, lengths, query_lens, page_size=16, hq=9, hkv=3, d=64
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
 
 
-@prefill_available
 @pytest.mark.parametrize("head_major", [True, False], ids=["head-major", "plain"])
 @pytest.mark.parametrize(
     ("tables", "lengths", "query_lens"),
@@ -224,35 +207,37 @@ def test_prompts(tables, lengths, query_lens, head_major):
     compare_prompts(tables, lengths, query_lens, head_major=head_major)
 
 
-@prefill_available
 @pytest.mark.parametrize(("d", "hq", "hkv"), [(32, 4, 4), (128, 8, 1), (64, 12, 4)])
 def test_prompt_head_sizes_and_groups(d, hq, hkv):
     compare_prompts([[0, 1, 2, 3, 4, 5]], [90], [90], hq=hq, hkv=hkv, d=d)
 
 
-@prefill_available
 @pytest.mark.parametrize("window", [1, 5, 16, 63, 64, 65, 500])
 def test_prompt_sliding_window(window):
     compare_prompts([[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]], [170], [150], window=window)
 
 
-def test_float32_prompts_go_to_the_twin():
-    k_cache = torch.zeros(2, 16, 2, 32)
-    q = torch.zeros(20, 2, 32)
-    args = (torch.tensor([[0, 1]]), torch.tensor([20]), [20], [20], 1.0)
-    assert cpu_attention.paged_attention(q, k_cache, k_cache.clone(), *args) is None
+def test_float32_prompts_take_the_decode_kernel():
+    # they once went to the twin, which rounds differently from the kernel that decodes the next tokens
+    g = torch.Generator().manual_seed(5)
+    k_cache, v_cache = torch.randn(2, 16, 2, 32, generator=g), torch.randn(2, 16, 2, 32, generator=g)
+    q = torch.randn(20, 4, 32, generator=g)
+    args = (torch.tensor([[0, 1]]), torch.tensor([20]), [20], [20], 0.2)
+    got = cpu_attention.paged_attention(q, k_cache, v_cache, *args)
+    assert got is not None
+    torch.testing.assert_close(got, twin_attention(q, k_cache, v_cache, *args), atol=1e-5, rtol=1e-5)
 
 
-@prefill_available
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
 @pytest.mark.parametrize("window", [None, 40], ids=["causal", "window 40"])
-def test_a_token_gets_the_same_bits_in_any_call(window):
+def test_a_token_gets_the_same_bits_in_any_call(window, dtype):
     # The last token of a 150-token prompt: computed with the whole prompt (cold), in a last chunk of 3, alone
     # after a prefix-cache hit, as a decode step beside another sequence, and through a decode plan's binding.
     # One kernel for all, so greedy answers do not change when a prompt is cached.
     g = torch.Generator().manual_seed(3)
-    k_cache = make_cache(12, 16, 3, 64, torch.bfloat16, True, g)
-    v_cache = make_cache(12, 16, 3, 64, torch.bfloat16, True, g)
-    q = torch.randn(150, 9, 64, generator=g).to(torch.bfloat16)
+    k_cache = make_cache(12, 16, 3, 64, dtype, True, g)
+    v_cache = make_cache(12, 16, 3, 64, dtype, True, g)
+    q = torch.randn(150, 9, 64, generator=g).to(dtype)
     own, other = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [10, 11, 0, 0, 0, 0, 0, 0, 0, 0]
     table, scale = torch.tensor([own]), 0.125
 
