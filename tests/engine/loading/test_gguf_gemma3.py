@@ -116,15 +116,20 @@ def test_logits_of_prompts_longer_than_the_window_match_transformers(pair):
 
 
 def test_bfloat16_logits_match_transformers_in_bfloat16(pair):
-    name, _, _, path = pair
+    name, hf, _, path = pair
     ours = Model.load(path, dtype=torch.bfloat16)
     ref_model = transformers.Gemma3ForCausalLM.from_pretrained(path.parent, dtype=torch.bfloat16).eval()
     ids = _prompt(17, 5, ours.config.vocab_size)
     with torch.no_grad():
         assert torch.equal(ours.embed(ids), ref_model.model.embed_tokens(ids)), name  # the scale rounds alike
         ref = ref_model(input_ids=ids[None]).logits[0].float()
+        exact = hf(input_ids=ids[None]).logits[0]
     got = _logits(ours, ids)
-    torch.testing.assert_close(got, ref, atol=0.05, rtol=0.02, msg=name)
+    # Both bfloat16 runs are measured against the float32 logits: ours must be about as close as transformers'
+    # own. (A fixed tolerance of 0.05 against transformers' bfloat16 logits held on AVX-512 CPUs, whose kernels
+    # round as torch's do; on an AVX2 CPU the two runs were 0.118 apart, each about 0.15 from float32.)
+    ours_error, their_error = (got - exact).abs().max(), (ref - exact).abs().max()
+    assert ours_error <= 1.5 * their_error + 1e-3, (name, ours_error, their_error)
     # The folder in bfloat16 computes the same: the norms' round trip through +1 is exact to float32 precision.
     folder = _logits(Model.load(path.parent, dtype=torch.bfloat16), ids)
     torch.testing.assert_close(got, folder, atol=1e-3, rtol=0, msg=name)
