@@ -260,12 +260,19 @@ static void run_task_avx512(const Work *w, int64_t task) {
     else
         task_avx512(w, task, group, chunks);
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+#include "paged_decode_avx2.h"
 #endif
 
 static void run_task(const Work *w, int64_t task) {
 #if defined(__AVX512F__)
     if (w->head_dim % 16 == 0) {
         run_task_avx512(w, task);
+        return;
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    if (w->head_dim % 8 == 0) {
+        run_task_avx2(w, task);
         return;
     }
 #endif

@@ -1,0 +1,234 @@
+/* paged_decode.c's vector path for CPUs with AVX2 and FMA but no AVX-512 (most laptops): run_task_avx512's
+   plan in 8 float lanes. Included by paged_decode.c only, after Work, block_offsets and store_row.
+
+   A row's arithmetic depends on its own query, length and window only: blocks start at its first visible key,
+   the dot-product chains and the lane sums have a fixed order, and nothing is shared with other rows or
+   threads. So a token gets the same bits alone, in a 512-row prompt, or beside other sequences.
+
+   bfloat16 rows are widened 16 at a time by interleaving with zeros (one operation per 8 values instead of
+   a zero-extend and a shift), which leaves dims 0-3 and 8-11 in one vector and 4-7 and 12-15 in the other.
+   The query and the accumulators use the same order, so dot products need no reordering; store_avx2 puts
+   the dims back. A head size that is an odd number of 8s widens its last 8 the plain way. */
+
+#include <immintrin.h>
+
+#define TOKENS 16 /* per softmax block: two vectors of scores */
+
+/* Dims 8c .. 8c + 7 of the row at `offset` (in the order above for bf16 pairs), as floats. */
+static inline __m256 load8(const void *base, int64_t offset, int64_t c, int64_t chunks, int dtype) {
+    if (dtype == 0) return _mm256_loadu_ps((const float *)base + offset + 8 * c);
+    const uint16_t *row = (const uint16_t *)base + offset;
+    if (c < (chunks & ~(int64_t)1)) {
+        const __m256i pair = _mm256_loadu_si256((const __m256i *)(row + 16 * (c >> 1))), zero = _mm256_setzero_si256();
+        return _mm256_castsi256_ps(c & 1 ? _mm256_unpackhi_epi16(zero, pair) : _mm256_unpacklo_epi16(zero, pair));
+    }
+    const __m128i half = _mm_loadu_si128((const __m128i *)(row + 8 * c));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+
+/* r[j] = the sum of the 8 lanes of a[j], by a transpose-and-add tree (sum_lanes16's, one level less). */
+static inline __m256 sum_lanes8(const __m256 *a) {
+    __m256 pairs[4], quads[2];
+    for (int i = 0; i < 4; i++)
+        pairs[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 2; i++) {
+        const __m256d lo = _mm256_castps_pd(pairs[2 * i]), hi = _mm256_castps_pd(pairs[2 * i + 1]);
+        quads[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(lo, hi)), _mm256_castpd_ps(_mm256_unpackhi_pd(lo, hi)));
+    }
+    /* quads[i]: per 128-bit half, that half's sums of a[4i] .. a[4i + 3] */
+    return _mm256_add_ps(_mm256_permute2f128_ps(quads[0], quads[1], 0x20), _mm256_permute2f128_ps(quads[0], quads[1], 0x31));
+}
+
+/* exp_poly in 8 lanes, operation for operation (no fused multiply-adds, as the scalar one is compiled under
+   -std=c11), so each lane equals exp_poly of it to the bit. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 shifter = _mm256_set1_ps(12582912.0f);
+    const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), shifter), shifter);
+    const __m256 r = _mm256_add_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f))),
+                                   _mm256_mul_ps(n, _mm256_set1_ps(2.12194440e-4f)));
+    __m256 p = _mm256_set1_ps(EXP_P0);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P1));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P2));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P3));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P4));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P5));
+    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0f));
+    const __m256i whole = _mm256_cvttps_epi32(n), half = _mm256_srai_epi32(whole, 1), bias = _mm256_set1_epi32(127);
+    const __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
+    const __m256 b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(whole, half), bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, a), b);
+}
+
+static inline float max_lanes8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+static inline float add_lanes8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* softmax_block on a block's raw scores (lanes from `count` on are ignored): the weights, zero past
+   `count`, go to `weights`; returns the factor the earlier accumulation must shrink by. */
+static inline float softmax_avx2(const __m256 *scores, int64_t count, float *running_max, float *running_sum,
+                                 float *weights) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 valid[TOKENS / 8], top = _mm256_set1_ps(-INFINITY);
+    for (int b = 0; b < TOKENS / 8; b++) {
+        valid[b] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)count - 8 * b), lane));
+        top = _mm256_max_ps(top, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), scores[b], valid[b]));
+    }
+    const float block_max = max_lanes8(top);
+    const float new_max = block_max > *running_max ? block_max : *running_max;
+    const float shrink = *running_max == -INFINITY ? 0.0f : exp_poly(*running_max - new_max);
+    __m256 sum = _mm256_setzero_ps();
+    for (int b = 0; b < TOKENS / 8; b++) {
+        const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(scores[b], _mm256_set1_ps(new_max))), valid[b]);
+        _mm256_storeu_ps(weights + 8 * b, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    *running_sum = *running_sum * shrink + add_lanes8(sum);
+    *running_max = new_max;
+    return shrink;
+}
+
+/* The accumulator row in the dims' own order, then store_row's scaling and rounding. */
+static inline void store_avx2(const Work *w, int64_t offset, const __m256 *acc, int64_t chunks, int dtype, float inv) {
+    float row[MAX_DIM];
+    for (int64_t c = 0; c < chunks; c++) {
+        if (dtype == 1 && c < (chunks & ~(int64_t)1)) {
+            const __m256 v = (c & 1) ? _mm256_permute2f128_ps(acc[c - 1], acc[c], 0x31)
+                                     : _mm256_permute2f128_ps(acc[c], acc[c + 1], 0x20);
+            _mm256_storeu_ps(row + 8 * c, v);
+        } else {
+            _mm256_storeu_ps(row + 8 * c, acc[c]);
+        }
+    }
+    store_row(w->out, offset, dtype, w->head_dim, row, inv);
+}
+
+/* How many keys' dot products (per step of the score loop) and how many 8-dim slices of the accumulators (per
+   pass over a block's values) are worked on at once: enough independent chains of fused multiply-adds
+   (8 to 12) to hide their latency, few enough to stay in AVX2's 16 registers. Neither changes any chain. */
+static inline int64_t keys_at_once(int64_t group) { return group == 1 ? 8 : group <= 3 ? 4 : group <= 6 ? 2 : 1; }
+static inline int64_t slices_at_once(int64_t group) { return group == 1 ? 8 : group <= 3 ? 4 : group <= 6 ? 2 : 1; }
+
+/* One (row, KV head) task in TOKENS-token blocks: each key and value row is read once for the whole GQA
+   group. `group`, `chunks` (head_dim / 8) and `dtype` are constants where the dispatcher below instantiates
+   it, so the loops unroll. Per block: the group's dot products (per query head and key one chain of fused
+   multiply-adds over the dims, its 8 lanes then summed by sum_lanes8), the online softmax, then each
+   accumulator slice shrunk and fed the block's values in token order. */
+static inline __attribute__((always_inline)) void task_avx2(const Work *w, int64_t task, const int64_t group,
+                                                            const int64_t chunks, const int dtype) {
+    const int64_t seq = task / w->num_kv_heads, kv_head = task % w->num_kv_heads;
+    const int64_t length = w->seq_lens[seq];
+    const int64_t first = w->window > 0 && length > w->window ? length - w->window : 0;
+    const int64_t *table = w->tables + seq * w->table_stride;
+    const int64_t keys = keys_at_once(group), slices = slices_at_once(group);
+
+    __m256 q[MAX_GROUP][MAX_DIM / 8], acc[MAX_GROUP][MAX_DIM / 8], partial[MAX_GROUP][TOKENS];
+    float running_max[MAX_GROUP], running_sum[MAX_GROUP], shrink[MAX_GROUP];
+    float weights[MAX_GROUP][TOKENS] __attribute__((aligned(32)));
+    const __m256 scale = _mm256_set1_ps(w->scale);
+    for (int64_t g = 0; g < group; g++) {
+        const int64_t at = (seq * w->num_q_heads + kv_head * group + g) * w->head_dim;
+        for (int64_t c = 0; c < chunks; c++) {
+            q[g][c] = _mm256_mul_ps(load8(w->q, at, c, chunks, dtype), scale);
+            acc[g][c] = _mm256_setzero_ps();
+        }
+        for (int64_t j = 0; j < TOKENS; j++) partial[g][j] = _mm256_setzero_ps();
+        running_max[g] = -INFINITY;
+        running_sum[g] = 0.0f;
+    }
+
+    for (int64_t start = first; start < length; start += TOKENS) {
+        const int64_t count = length - start < TOKENS ? length - start : TOKENS;
+        int64_t offsets[TOKENS];
+        block_offsets(w, table, kv_head, start, count, offsets);
+        /* a last step past `count` reads the block's last key again; those lanes are masked in the softmax */
+        for (int64_t j = count; j < TOKENS; j++) offsets[j] = offsets[count - 1];
+        for (int64_t j0 = 0; j0 < count; j0 += keys) {
+            __m256 sums[8][MAX_GROUP];
+#pragma GCC unroll 8
+            for (int64_t t = 0; t < keys; t++)
+#pragma GCC unroll 16
+                for (int64_t g = 0; g < group; g++) sums[t][g] = _mm256_setzero_ps();
+#pragma GCC unroll 32
+            for (int64_t c = 0; c < chunks; c++) {
+#pragma GCC unroll 8
+                for (int64_t t = 0; t < keys; t++) {
+                    const __m256 key = load8(w->k, offsets[j0 + t], c, chunks, dtype);
+#pragma GCC unroll 16
+                    for (int64_t g = 0; g < group; g++) sums[t][g] = _mm256_fmadd_ps(q[g][c], key, sums[t][g]);
+                }
+            }
+#pragma GCC unroll 8
+            for (int64_t t = 0; t < keys; t++)
+#pragma GCC unroll 16
+                for (int64_t g = 0; g < group; g++) partial[g][j0 + t] = sums[t][g];
+        }
+        for (int64_t g = 0; g < group; g++) {
+            __m256 scores[TOKENS / 8];
+            for (int b = 0; b < TOKENS / 8; b++) scores[b] = sum_lanes8(partial[g] + 8 * b);
+            shrink[g] = softmax_avx2(scores, count, &running_max[g], &running_sum[g], weights[g]);
+            /* here, not as the accumulators are loaded below: 8 broadcast factors held there cost registers */
+            const __m256 factor = _mm256_set1_ps(shrink[g]);
+#pragma GCC unroll 32
+            for (int64_t c = 0; c < chunks; c++) acc[g][c] = _mm256_mul_ps(acc[g][c], factor);
+        }
+#pragma GCC unroll 32
+        for (int64_t c0 = 0; c0 < chunks; c0 += slices) {
+            const int64_t width = chunks - c0 < slices ? chunks - c0 : slices;
+            __m256 sums[8][MAX_GROUP];
+#pragma GCC unroll 8
+            for (int64_t s = 0; s < width; s++)
+#pragma GCC unroll 16
+                for (int64_t g = 0; g < group; g++) sums[s][g] = acc[g][c0 + s];
+            for (int64_t j = 0; j < count; j++) {
+#pragma GCC unroll 8
+                for (int64_t s = 0; s < width; s++) {
+                    const __m256 value = load8(w->v, offsets[j], c0 + s, chunks, dtype);
+#pragma GCC unroll 16
+                    for (int64_t g = 0; g < group; g++)
+                        sums[s][g] = _mm256_fmadd_ps(_mm256_broadcast_ss(&weights[g][j]), value, sums[s][g]);
+                }
+            }
+#pragma GCC unroll 8
+            for (int64_t s = 0; s < width; s++)
+#pragma GCC unroll 16
+                for (int64_t g = 0; g < group; g++) acc[g][c0 + s] = sums[s][g];
+        }
+    }
+
+    for (int64_t g = 0; g < group; g++) {
+        const float inv = running_sum[g] > 0.0f ? 1.0f / running_sum[g] : 0.0f;
+        store_avx2(w, (seq * w->num_q_heads + kv_head * group + g) * w->head_dim, acc[g], chunks, dtype, inv);
+    }
+}
+
+/* Instances for head sizes 64 and 128, GQA groups 1 to 8, both element types; others take the general one. */
+#define INSTANCE(T, G, C) \
+    static void task_t##T##_g##G##_c##C(const Work *w, int64_t task) { task_avx2(w, task, G, C, T); }
+#define INSTANCES(T, C) INSTANCE(T, 1, C) INSTANCE(T, 2, C) INSTANCE(T, 3, C) INSTANCE(T, 4, C) INSTANCE(T, 5, C) \
+    INSTANCE(T, 6, C) INSTANCE(T, 7, C) INSTANCE(T, 8, C)
+#define ROW(T, C) {task_t##T##_g1_c##C, task_t##T##_g2_c##C, task_t##T##_g3_c##C, task_t##T##_g4_c##C, \
+                   task_t##T##_g5_c##C, task_t##T##_g6_c##C, task_t##T##_g7_c##C, task_t##T##_g8_c##C}
+INSTANCES(0, 8)
+INSTANCES(0, 16)
+INSTANCES(1, 8)
+INSTANCES(1, 16)
+static void (*const instances[2][2][8])(const Work *, int64_t) = {{ROW(0, 8), ROW(0, 16)}, {ROW(1, 8), ROW(1, 16)}};
+
+static void run_task_avx2(const Work *w, int64_t task) {
+    const int64_t group = w->num_q_heads / w->num_kv_heads, chunks = w->head_dim / 8;
+    if ((chunks == 8 || chunks == 16) && group <= 8)
+        instances[w->dtype][chunks / 16][group - 1](w, task);
+    else if (w->dtype == 1)
+        task_avx2(w, task, group, chunks, 1);
+    else
+        task_avx2(w, task, group, chunks, 0);
+}
