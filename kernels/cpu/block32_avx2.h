@@ -10,6 +10,8 @@
    and get 128 * sum(xq) added back, giving u . xq exactly. A 256-bit register holds 8 weight rows, so each
    16-row tile is two halves. */
 
+#include "avx2_bytes.h"
+
 #define MAX_ROWS 8     /* rows of x sharing one unpacked tile */
 #define CHUNK_GROUPS 4 /* groups of weight rows a tile of x passes over while they sit in L2 */
 
@@ -50,21 +52,6 @@ static void quantize_rows(const uint16_t *x, int64_t x_stride, int64_t rows, int
             q->total[r * blocks + b] = total;
         }
     }
-}
-
-static inline __m256i bcast4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
-
-/* 32 mask bits -> 32 bytes, 0xFF where the bit is set (byte i <- bit i). */
-static inline __m256i bits_to_bytes(uint32_t bits) {
-    const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32((int32_t)bits),
-        _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
-    const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL); /* byte j: every bit but j */
-    return _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi8(-1));
 }
 
 /* One half (8 weight rows) of one group's tiles against rows first .. first + rows - 1 of the quantized x:

@@ -11,6 +11,8 @@
    register holds 8 weight rows, so each 16-row tile is two halves: rows 0-7 are the first 32 bytes of each
    64-byte quad, rows 8-15 the second (and the first 8 of its 16 scales). */
 
+#include "avx2_bytes.h"
+
 #define MAX_ROWS 8     /* rows of x sharing one unpacked tile */
 #define CHUNK_GROUPS 4 /* groups of 16 weight rows a tile of x passes over while they sit in L2 */
 
@@ -51,21 +53,6 @@ static void quantize_rows(int type, const uint16_t *x, int64_t x_stride, int64_t
             q->dx[r * blocks + b] = dx;
         }
     }
-}
-
-static inline __m256i bcast4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
-
-/* 32 mask bits -> 32 bytes, 0xFF where the bit is set (byte i <- bit i); block32_avx2.h has the same. */
-static inline __m256i bits_to_bytes(uint32_t bits) {
-    const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32((int32_t)bits),
-        _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
-    const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL); /* byte j: every bit but j */
-    return _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi8(-1));
 }
 
 /* Byte `i` (0..3) of each 32-bit lane, as float. */
