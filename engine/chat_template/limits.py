@@ -44,6 +44,12 @@ MAX_JSON_INDENT = 64  # tojson's indent is repeated once per nesting level on ev
 MAX_ITEMS = 100_000  # range() items, batch() and slice() counts (jinja's own sandbox bounds range() so)
 MAX_INT_BITS = 1 << 16  # integers past ~20,000 digits make `*`, `//` and `%` slow
 MAX_SOURCE_CHARS = 1024 * 1024  # the largest real templates (tool-calling ones) are ~20 KB
+# A long render pauses this briefly this often, so that other threads get the GIL: CPython hands it to a waiting
+# thread only after its 5 ms switch interval, and a GUI thread whose every SQLite or Qt call releases the GIL
+# would wait that long each time (a send beside a runaway template stalled the window 0.66-0.71 s; with the
+# pauses 0.07-0.11 s). A usual render (about a millisecond) never pauses.
+PAUSE_EVERY = 0.002
+PAUSE_SECONDS = 0.0002
 _MB = MAX_OUTPUT_CHARS // (1024 * 1024)
 _BUILT_MB = MAX_BUILT_CHARS // (1024 * 1024)
 _FIX = "Use another model, or fix its chat template."
@@ -55,28 +61,37 @@ class TemplateLimitError(TemplateError):
 
 # --- the render's deadline and its running total --------------------------------------------------------
 
-_state = threading.local()  # .deadline, .seconds and .built of the render running on this thread, if any
+_state = threading.local()  # .deadline, .seconds, .built and .next_pause of this thread's render, if any
 
 
 @contextmanager
 def render_limits(seconds: float = RENDER_SECONDS) -> Iterator[None]:
     """Renders on this thread inside the block stop with TemplateLimitError after `seconds`, or once they have
     built MAX_BUILT_CHARS of text. Outside such a block only the per-step size limits apply."""
-    previous = getattr(_state, "deadline", None), getattr(_state, "seconds", None), getattr(_state, "built", None)
-    _state.deadline, _state.seconds, _state.built = time.monotonic() + seconds, seconds, 0
+    names = ("deadline", "seconds", "built", "next_pause")
+    previous = tuple(getattr(_state, name, None) for name in names)
+    now = time.monotonic()
+    _state.deadline, _state.seconds, _state.built, _state.next_pause = now + seconds, seconds, 0, now + PAUSE_EVERY
     try:
         yield
     finally:
-        _state.deadline, _state.seconds, _state.built = previous
+        for name, value in zip(names, previous):
+            setattr(_state, name, value)
 
 
 def tick() -> None:
-    """One step of template work: raise once the render's deadline has passed."""
+    """One step of template work: raise once the render's deadline has passed; pause now and then (PAUSE_EVERY)."""
     deadline = getattr(_state, "deadline", None)
-    if deadline is not None and time.monotonic() > deadline:
+    if deadline is None:
+        return
+    now = time.monotonic()
+    if now > deadline:
         raise TemplateLimitError(
             f"The chat template ran past {_state.seconds:g} s and was stopped (it may loop without end). {_FIX}"
         )
+    if now > _state.next_pause:
+        time.sleep(PAUSE_SECONDS)
+        _state.next_pause = time.monotonic() + PAUSE_EVERY
 
 
 def spend(num_chars: int) -> None:
