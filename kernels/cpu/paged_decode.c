@@ -1,4 +1,5 @@
-/* Decode attention over a paged KV cache on the CPU: one query token per sequence, fused in one pass.
+/* Attention over a paged KV cache on the CPU, fused in one pass: one query row per row of `tables`/`seq_lens`
+   (a decode step's sequences, or a prompt's tokens, each seeing the keys up to its own length).
 
    torch has no fused CPU kernel for this; in plain torch each layer's decode attention with 16 sequences is
    about twenty small ops, and the batched bf16 matmuls at their heart run far below memory speed because
@@ -12,8 +13,12 @@
    unit-stride axis), so both the plain [pages, slots, heads, dim] layout and the CPU's head-major memory
    work. Tasks are shared among OpenMP threads (torch's own pool, see kernels/cpu/build.py).
 
-   With AVX-512 and a head size of 64 or 128 the vector path below runs; elsewhere the portable one, which
-   the compiler vectorizes. */
+   What runs: with AVX-512, head sizes that are multiples of 16 take the vector path below; with AVX2 and
+   FMA but no AVX-512 (most laptops), multiples of 8 take paged_decode_avx2.h's (the same plan in 8 lanes);
+   the rest the portable one, which the compiler vectorizes. On AVX2 CPUs this kernel serves every attention
+   call, prompts included, so that path matters: a 512-token prompt as 512 rows (9 query heads, 3 KV heads,
+   head_dim 64, bf16, 2 threads, a Zen 3 EPYC shared with other work) took 18.5 ms in the portable loop,
+   4.4 ms in the AVX2 path, 7.2 ms in the torch twin. A row's arithmetic never depends on the other rows. */
 
 #include <math.h>
 #include <stdint.h>

@@ -1,18 +1,27 @@
 /* paged_decode.c's vector path for CPUs with AVX2 and FMA but no AVX-512 (most laptops): run_task_avx512's
-   plan in 8 float lanes. Included by paged_decode.c only, after Work, block_offsets and store_row.
+   plan in 8 float lanes, float32 throughout. Included by paged_decode.c only, after Work, block_offsets and
+   store_row.
 
    A row's arithmetic depends on its own query, length and window only: blocks start at its first visible key,
    the dot-product chains and the lane sums have a fixed order, and nothing is shared with other rows or
-   threads. So a token gets the same bits alone, in a 512-row prompt, or beside other sequences.
+   threads. So a token gets the same bits alone, in a 512-row prompt, or beside other sequences. (Sharing a
+   prompt's keys between its rows would save loads and the widening below, not the multiply-adds, which
+   are most of the time; so rows stay apart.)
 
-   bfloat16 rows are widened 16 at a time by interleaving with zeros (one operation per 8 values instead of
-   a zero-extend and a shift), which leaves dims 0-3 and 8-11 in one vector and 4-7 and 12-15 in the other.
-   The query and the accumulators use the same order, so dot products need no reordering; store_avx2 puts
-   the dims back. A head size that is an odd number of 8s widens its last 8 the plain way. */
+   Where the time went, and why the loops look as they do (Zen 3, 9 query heads over 3 KV heads, dim 64):
+   - AVX2 has 16 registers. Accumulators that spill turn each multiply-add chain into a store and a reload,
+     so keys_at_once / slices_at_once keep 8 to 12 chains live, and the softmax's shrink is applied to the
+     accumulators in memory (the group's broadcast factors, held across the value loop, spilled them).
+   - 64-key blocks: the softmax (lane sums, exp8) costs about a third of the multiply-adds per key, and
+     with 16-key blocks its latency was exposed every 16 keys; 128 gained nothing more.
+   - bfloat16 rows are widened 16 at a time by interleaving with zeros (one operation per 8 values, not a
+     zero-extend and a shift), which leaves dims 0-3 and 8-11 in one vector and 4-7 and 12-15 in the
+     other. The query and the accumulators use the same order, so dot products need no reordering;
+     store_avx2 puts the dims back. A head size that is an odd number of 8s widens its last 8 the plain way. */
 
 #include <immintrin.h>
 
-#define TOKENS 16 /* per softmax block: two vectors of scores */
+#define TOKENS 64 /* per softmax block: up to 8 vectors of scores (16 left the softmax's latency exposed) */
 
 /* Dims 8c .. 8c + 7 of the row at `offset` (in the order above for bf16 pairs), as floats. */
 static inline __m256 load8(const void *base, int64_t offset, int64_t c, int64_t chunks, int dtype) {
@@ -77,8 +86,9 @@ static inline float add_lanes8(__m256 v) {
 static inline float softmax_avx2(const __m256 *scores, int64_t count, float *running_max, float *running_sum,
                                  float *weights) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const int64_t vectors = (count + 7) / 8;
     __m256 valid[TOKENS / 8], top = _mm256_set1_ps(-INFINITY);
-    for (int b = 0; b < TOKENS / 8; b++) {
+    for (int b = 0; b < vectors; b++) {
         valid[b] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)count - 8 * b), lane));
         top = _mm256_max_ps(top, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), scores[b], valid[b]));
     }
@@ -86,7 +96,7 @@ static inline float softmax_avx2(const __m256 *scores, int64_t count, float *run
     const float new_max = block_max > *running_max ? block_max : *running_max;
     const float shrink = *running_max == -INFINITY ? 0.0f : exp_poly(*running_max - new_max);
     __m256 sum = _mm256_setzero_ps();
-    for (int b = 0; b < TOKENS / 8; b++) {
+    for (int b = 0; b < vectors; b++) {
         const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(scores[b], _mm256_set1_ps(new_max))), valid[b]);
         _mm256_storeu_ps(weights + 8 * b, e);
         sum = _mm256_add_ps(sum, e);
@@ -114,8 +124,8 @@ static inline void store_avx2(const Work *w, int64_t offset, const __m256 *acc, 
 /* How many keys' dot products (per step of the score loop) and how many 8-dim slices of the accumulators (per
    pass over a block's values) are worked on at once: enough independent chains of fused multiply-adds
    (8 to 12) to hide their latency, few enough to stay in AVX2's 16 registers. Neither changes any chain. */
-static inline int64_t keys_at_once(int64_t group) { return group == 1 ? 8 : group <= 3 ? 4 : group <= 6 ? 2 : 1; }
-static inline int64_t slices_at_once(int64_t group) { return group == 1 ? 8 : group <= 3 ? 4 : group <= 6 ? 2 : 1; }
+static inline int64_t keys_at_once(int64_t group) { return group == 1 ? 8 : group == 2 ? 4 : group <= 4 ? 2 : 1; }
+static inline int64_t slices_at_once(int64_t group) { return keys_at_once(group); }
 
 /* One (row, KV head) task in TOKENS-token blocks: each key and value row is read once for the whole GQA
    group. `group`, `chunks` (head_dim / 8) and `dtype` are constants where the dispatcher below instantiates
@@ -131,7 +141,7 @@ static inline __attribute__((always_inline)) void task_avx2(const Work *w, int64
     const int64_t keys = keys_at_once(group), slices = slices_at_once(group);
 
     __m256 q[MAX_GROUP][MAX_DIM / 8], acc[MAX_GROUP][MAX_DIM / 8], partial[MAX_GROUP][TOKENS];
-    float running_max[MAX_GROUP], running_sum[MAX_GROUP], shrink[MAX_GROUP];
+    float running_max[MAX_GROUP], running_sum[MAX_GROUP];
     float weights[MAX_GROUP][TOKENS] __attribute__((aligned(32)));
     const __m256 scale = _mm256_set1_ps(w->scale);
     for (int64_t g = 0; g < group; g++) {
@@ -173,10 +183,10 @@ static inline __attribute__((always_inline)) void task_avx2(const Work *w, int64
         }
         for (int64_t g = 0; g < group; g++) {
             __m256 scores[TOKENS / 8];
-            for (int b = 0; b < TOKENS / 8; b++) scores[b] = sum_lanes8(partial[g] + 8 * b);
-            shrink[g] = softmax_avx2(scores, count, &running_max[g], &running_sum[g], weights[g]);
-            /* here, not as the accumulators are loaded below: 8 broadcast factors held there cost registers */
-            const __m256 factor = _mm256_set1_ps(shrink[g]);
+            for (int b = 0; b < (count + 7) / 8; b++) scores[b] = sum_lanes8(partial[g] + 8 * b);
+            const float shrink = softmax_avx2(scores, count, &running_max[g], &running_sum[g], weights[g]);
+            /* here rather than as the accumulators are loaded below, where the group's factors took registers */
+            const __m256 factor = _mm256_set1_ps(shrink);
 #pragma GCC unroll 32
             for (int64_t c = 0; c < chunks; c++) acc[g][c] = _mm256_mul_ps(acc[g][c], factor);
         }
