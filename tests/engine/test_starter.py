@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from engine.cache import Cache
 from engine.chat_template import ChatTemplate
@@ -27,11 +26,8 @@ def ours(starter_gguf):
 
 
 @pytest.fixture(scope="module")
-def theirs(starter_gguf):
-    folder, name = starter_gguf.parent, starter_gguf.name
-    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    return tok, model
+def theirs(starter_hf_tokenizer, starter_hf_model):
+    return starter_hf_tokenizer, starter_hf_model
 
 
 def test_fetch_is_idempotent_and_verified(starter_gguf):

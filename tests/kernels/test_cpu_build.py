@@ -28,12 +28,13 @@ def fresh(monkeypatch, tmp_path):
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 def test_builds_once_and_reuses_the_cached_library(fresh):
-    assert build.load("paged_decode") is not None
-    (library,) = fresh.glob("paged_decode-*.so")
+    # elementwise compiles in half a second; paged_decode's unrolled instances take 25 s on a 2-core AVX2 CPU
+    assert build.load("elementwise") is not None
+    (library,) = fresh.glob("elementwise-*.so")
     built_at = library.stat().st_mtime_ns
     build.load.cache_clear()
-    assert build.load("paged_decode") is not None
-    assert list(fresh.glob("paged_decode-*.so")) == [library] and library.stat().st_mtime_ns == built_at
+    assert build.load("elementwise") is not None
+    assert list(fresh.glob("elementwise-*.so")) == [library] and library.stat().st_mtime_ns == built_at
     assert not list(fresh.glob("*.tmp"))
 
 
@@ -67,17 +68,12 @@ def test_the_switch_turns_the_kernels_off(fresh, monkeypatch):
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
-def test_prepare_builds_every_kernel(fresh):
-    build.prepare()
-    assert sorted(p.name.split("-")[0] for p in fresh.glob("*.so")) == sorted(build.KERNELS)
-
-
-@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
-def test_loading_a_model_on_the_cpu_prepares_the_kernels(fresh, tiny_folder):
+def test_loading_a_model_on_the_cpu_prepares_every_kernel(fresh, tiny_folder):
+    # one test for both (build.prepare() is what the load calls): each builds every kernel from scratch
     from engine import Model
 
     Model.load(tiny_folder)
-    assert len(list(fresh.glob("*.so"))) == len(build.KERNELS)
+    assert sorted(p.name.split("-")[0] for p in fresh.glob("*.so")) == sorted(build.KERNELS)
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")

@@ -382,7 +382,9 @@ def test_gui_thread_never_runs_a_forward_pass_or_a_load(loop, service, tiny_fold
 # --- the starter (fetched once per test session) --------------------------------------------------------------
 
 
-def test_starter_loads_in_its_default_dtype_and_its_template_matches_transformers(loop, qapp, starter_gguf):
+def test_starter_loads_in_its_default_dtype_and_its_template_matches_transformers(
+    loop, qapp, starter_gguf, starter_hf_tokenizer
+):
     # Default device and dtype, as the app uses them; a smaller cache than the default keeps the test quick
     # and shows the cache capping the context.
     svc = EngineService(max_cache_tokens=4096)
@@ -394,7 +396,7 @@ def test_starter_loads_in_its_default_dtype_and_its_template_matches_transformer
     assert progress[-1] == 1.0 and all(a < b for a, b in zip(progress, progress[1:]))
     assert svc.model.config.max_position_embeddings == 8192 and svc.context_length == 4096
 
-    hf = transformers.AutoTokenizer.from_pretrained(starter_gguf.parent, gguf_file=starter_gguf.name)
+    hf = starter_hf_tokenizer
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     for system in ("", "Answer in one word."):
         full = ([{"role": "system", "content": system}] if system else []) + messages

@@ -298,10 +298,8 @@ def test_bad_role_order_raises_like_transformers(model_folders):
 
 
 @pytest.fixture(scope="module")
-def starter(starter_gguf):
+def starter(starter_gguf, starter_hf_tokenizer):
     """(our ChatTemplate, transformers tokenizer) for the starter GGUF."""
-    from transformers import AutoTokenizer
-
     from engine.gguf_file import GGUFFile
 
     path = Path(starter_gguf)
@@ -312,8 +310,7 @@ def starter(starter_gguf):
         bos_token=tokens[metadata["tokenizer.ggml.bos_token_id"]],
         eos_token=tokens[metadata["tokenizer.ggml.eos_token_id"]],
     )
-    hf = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return ours, hf
+    return ours, starter_hf_tokenizer
 
 
 @pytest.mark.parametrize("add_generation_prompt", [False, True])

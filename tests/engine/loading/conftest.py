@@ -280,12 +280,9 @@ def _convert(script: Path, folder: Path, out: Path, mmproj: bool, outtype: str =
 
 
 @pytest.fixture(scope="session")
-def known_tokenizer(starter_gguf, tmp_path_factory) -> Path:
+def known_tokenizer(starter_hf_tokenizer, tmp_path_factory) -> Path:
     """The starter's SmolLM2 tokenizer as tokenizer.json: the converter names a BPE tokenizer by hashing how it
     splits a test text, and refuses the tiny trained ones of tests/conftest.py; SmolLM2's it knows."""
-    import transformers
-
     folder = tmp_path_factory.mktemp("smollm2-tokenizer")
-    tok = transformers.AutoTokenizer.from_pretrained(starter_gguf.parent, gguf_file=starter_gguf.name)
-    tok.save_pretrained(folder)
+    starter_hf_tokenizer.save_pretrained(folder)
     return folder / "tokenizer.json"

@@ -186,9 +186,9 @@ def test_k_quants_match_an_independent_dequantizer(gguf_kit, qtype):
         torch.testing.assert_close(torch.from_numpy(value), reference, rtol=1e-6, atol=1e-6, msg=gguf_name)
 
 
-def test_starter_matches_transformers(starter_gguf):
+def test_starter_matches_transformers(starter_gguf, starter_hf_model):
     config, ours = load_gguf(starter_gguf)
-    hf_config, reference = transformers_reference(starter_gguf)
+    hf_config, reference = starter_hf_model.config, starter_hf_model.state_dict()
 
     assert config.architecture == "LlamaForCausalLM"
     assert_config_matches(config, hf_config)
