@@ -39,18 +39,29 @@ def starter_hf_tokenizer(starter_gguf):
 
 
 @pytest.fixture(scope="session")
-def starter_hf_model(starter_gguf):
-    """transformers' float32 model read from the starter GGUF, shared (about 25 s to dequantize there), with
-    config.architectures filled in (a GGUF-made config does not record it). Tests must not change it."""
+def read_hf_gguf():
+    """A function: transformers' float32 model read from a GGUF file (the reference our GGUF loading is held
+    to), with config.architectures filled in, which a GGUF-made config does not record."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        starter_gguf.parent, gguf_file=starter_gguf.name, dtype=torch.float32
-    ).eval()
-    model.config.architectures = [type(model).__name__]
-    return model
+
+    def read(path):
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32
+        ).eval()
+        model.config.architectures = [type(model).__name__]
+        return model
+
+    return read
+
+
+@pytest.fixture(scope="session")
+def starter_hf_model(starter_gguf, read_hf_gguf):
+    """transformers' model of the starter GGUF, shared: it dequantizes in Python, about 25 s on a 2-core AVX2
+    CPU. Tests must not change it."""
+    return read_hf_gguf(starter_gguf)
 
 
 TEXT = [

@@ -10,8 +10,8 @@
 
    Where the time went, and why the loops look as they do (Zen 3, 9 query heads over 3 KV heads, dim 64):
    - AVX2 has 16 registers. Accumulators that spill turn each multiply-add chain into a store and a reload,
-     so keys_at_once / slices_at_once keep 8 to 12 chains live, and the softmax's shrink is applied to the
-     accumulators in memory (the group's broadcast factors, held across the value loop, spilled them).
+     so at_once keeps 8 to 12 chains live, and the softmax's shrink is applied to the accumulators in
+     memory (the group's broadcast factors, held across the value loop, spilled them).
    - 64-key blocks: the softmax (lane sums, exp8) costs about a third of the multiply-adds per key, and
      with 16-key blocks its latency was exposed every 16 keys; 128 gained nothing more.
    - bfloat16 rows are widened 16 at a time by interleaving with zeros (one operation per 8 values, not a
@@ -121,11 +121,11 @@ static inline void store_avx2(const Work *w, int64_t offset, const __m256 *acc, 
     store_row(w->out, offset, dtype, w->head_dim, row, inv);
 }
 
-/* How many keys' dot products (per step of the score loop) and how many 8-dim slices of the accumulators (per
-   pass over a block's values) are worked on at once: enough independent chains of fused multiply-adds
-   (8 to 12) to hide their latency, few enough to stay in AVX2's 16 registers. Neither changes any chain. */
-static inline int64_t keys_at_once(int64_t group) { return group == 1 ? 8 : group == 2 ? 4 : group <= 4 ? 2 : 1; }
-static inline int64_t slices_at_once(int64_t group) { return keys_at_once(group); }
+/* How many keys' dot products (per step of the score loop), and how many 8-dim slices of the accumulators (per
+   pass over a block's values), are worked on at once: the same count serves both, enough independent chains
+   of fused multiply-adds (8 to 12 with the group's query heads) to hide their latency, few enough to stay in
+   AVX2's 16 registers. It changes no chain, only how many run side by side. */
+static inline int64_t at_once(int64_t group) { return group == 1 ? 8 : group == 2 ? 4 : group <= 4 ? 2 : 1; }
 
 /* One (row, KV head) task in TOKENS-token blocks: each key and value row is read once for the whole GQA
    group. `group`, `chunks` (head_dim / 8) and `dtype` are constants where the dispatcher below instantiates
@@ -138,7 +138,7 @@ static inline __attribute__((always_inline)) void task_avx2(const Work *w, int64
     const int64_t length = w->seq_lens[seq];
     const int64_t first = w->window > 0 && length > w->window ? length - w->window : 0;
     const int64_t *table = w->tables + seq * w->table_stride;
-    const int64_t keys = keys_at_once(group), slices = slices_at_once(group);
+    const int64_t keys = at_once(group), slices = keys;
 
     __m256 q[MAX_GROUP][MAX_DIM / 8], acc[MAX_GROUP][MAX_DIM / 8], partial[MAX_GROUP][TOKENS];
     float running_max[MAX_GROUP], running_sum[MAX_GROUP];

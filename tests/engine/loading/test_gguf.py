@@ -66,17 +66,6 @@ CASES = [
 ]
 
 
-def transformers_reference(path):
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    model.config.architectures = [type(model).__name__]  # a GGUF-made config does not record it
-    return model.config, model.state_dict()
-
-
 def assert_config_matches(config, hf_config):
     eos = hf_config.eos_token_id
     assert config.architecture == hf_config.architectures[0]
@@ -124,12 +113,13 @@ def round_trip(weights: np.ndarray, qtype: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("arch, hf_kwargs, qtype", CASES)
-def test_matches_transformers(gguf_kit, arch, hf_kwargs, qtype):
+def test_matches_transformers(gguf_kit, read_hf_gguf, arch, hf_kwargs, qtype):
     model = gguf_kit.model(arch, **hf_kwargs)
     written = gguf_kit.write(model, qtype)
 
     config, ours = load_gguf(written.path)
-    hf_config, reference = transformers_reference(written.path)
+    theirs = read_hf_gguf(written.path)
+    hf_config, reference = theirs.config, theirs.state_dict()
 
     assert_config_matches(config, hf_config)
     assert config.attention_bias == (arch == "Qwen2ForCausalLM" or hf_kwargs.get("attention_bias", False))
