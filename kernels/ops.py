@@ -39,9 +39,13 @@ dispatch.register("silu_and_mul", cpu_elementwise.silu_and_mul)
 dispatch.register("linear_int4", cpu_int4.linear_int4)
 dispatch.register("linear_int4", quant.linear_int4_cpu)
 dispatch.register("linear_int4", quant.linear_int4, reference=True)
-# GGUF block-quantized weights read in their own format: the C kernels, else the twin.
+# GGUF block-quantized weights read in their own format: the C kernels, the Triton matmul on CUDA, else the twin.
 dispatch.register("linear_blocks", cpu_blocks.linear)
+dispatch.register("linear_blocks", triton_kernels.linear_blocks)
 dispatch.register("linear_blocks", gguf_blocks.linear, reference=True)
+
+# Whether the Triton kernels can run where a CUDA GPU is (triton importable; checked once, triton not imported).
+triton_available = triton_kernels.is_available
 
 # Packing is done once at load time, not dispatched: every backend reads the layout these produce.
 can_pack_int4 = quant.can_pack
@@ -56,12 +60,18 @@ def can_keep_blocks(
     """True where a weight [num_rows, num_cols] of GGUF type `type_name` can stay in its blocks (or a repacked
     layout of the same size, `pack_blocks`) for `dtype` inputs on `device` at decode speed (a C kernel reads
     it); elsewhere the loader expands or repacks it otherwise, as the twin would expand it on every call."""
-    return cpu_blocks.supports(type_name, device, dtype, num_cols, num_rows)
+    return cpu_blocks.supports(type_name, device, dtype, num_cols, num_rows) or triton_kernels.blocks_supported(
+        type_name, device, dtype, num_cols, num_rows
+    )
 
 
-# A weight's file blocks -> (the layout the kernel reads, its type name): every type with a kernel repacked 16
-# rows at a time ("Q4_0x16", "Q4_Kx16": kernels/torch_ref/gguf_repack.py), the same size. Once, at load.
-pack_blocks = cpu_blocks.pack
+def pack_blocks(blocks: torch.Tensor, type_name: str) -> tuple[torch.Tensor, str]:
+    """A weight's file blocks -> (the layout its kernel reads, that layout's type name), once, at load. On a CPU
+    the 32-value types are repacked 16 rows at a time ("Q4_0x16": kernels/torch_ref/gguf_repack.py), the same
+    size; on a GPU the Triton matmul reads the file's layout as it is."""
+    if blocks.device.type == "cuda":
+        return blocks, type_name
+    return cpu_blocks.pack(blocks, type_name)
 
 
 def block_rows(blocks: torch.Tensor, type_name: str, ids: torch.Tensor) -> tuple[torch.Tensor, str]:

@@ -1,6 +1,6 @@
 """Write random-weight GGUF models shaped like Llama-3.2-1B, for speed and memory benchmarks.
 
-    python tools/make_bench_model.py OUT_DIR [--types Q4_K_M,Q4_0,Q8_0] [--layers 16] [--seed 0]
+    python tools/make_bench_model.py OUT_DIR [--types Q4_K_M,Q4_0,Q8_0] [--layers 16] [--seed 0] [--tokenizer GGUF]
 
 writes OUT_DIR/bench-1b-<type>.gguf for each type and prints each path and size.
 
@@ -219,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--types", default="Q4_K_M,Q4_0,Q8_0", help="comma-separated: Q4_K_M, Q4_0, Q8_0")
     parser.add_argument("--layers", type=int, default=16, help="number of transformer blocks")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tokenizer", type=Path, default=None, help="a GGUF file whose tokenizer.* keys to copy (default: the starter)"
+    )
     args = parser.parse_args(argv)
     type_names = [t.strip() for t in args.types.split(",") if t.strip()]
     unknown = [t for t in type_names if t not in FILE_TYPES]
@@ -227,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for type_name in type_names:
         start = time.perf_counter()
-        path = write_bench_model(args.out_dir / f"bench-1b-{type_name}.gguf", type_name, args.layers, args.seed)
+        path = args.out_dir / f"bench-1b-{type_name}.gguf"
+        path = write_bench_model(path, type_name, args.layers, args.seed, tokenizer_gguf=args.tokenizer)
         size = path.stat().st_size
         print(f"{path}  {size / 2**20:.1f} MiB ({size} bytes)  in {time.perf_counter() - start:.1f} s")
     return 0

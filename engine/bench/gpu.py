@@ -3,8 +3,10 @@
     device   copy bandwidth (GB/s, device to device) and bf16 matmul rate (TFLOP/s), measured here
     kernels  per op in bf16: time, achieved GB/s (memory-bound ops) or TFLOP/s (prefill attention) and its
              share of the device figure, beside the torch twin's time on the same inputs
-    engine   decode tok/s at batch 1/8/32 of a random-weight bf16 Llama of about 1B parameters, beside the
-             bandwidth-bound ceiling: each step reads every weight and the batch's KV once, at copy speed
+    gguf     the Triton GGUF-block matmul per type, one row (GB/s of blocks read) and 512 rows (TFLOP/s)
+    engine   decode tok/s at batch 1/8/32 of a random-weight bf16 Llama of about 1B parameters, and of each
+             --gguf file (its weights kept in their blocks), beside the bandwidth-bound ceiling: each step
+             reads every weight and the batch's KV once, at copy speed
 
 The engine rows run `model.forward` over the paged cache, greedy argmax feeding the next step (no sampler, no
 scheduler): the part of a decode step the kernels decide. It lived in kernels/ as `python -m kernels.bench`,
@@ -17,13 +19,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from engine.bench.gpu_kernels import copy_bandwidth, format_kernel_rows, kernel_rows, matmul_rate, sync
 
 log = logging.getLogger("engine.bench.gpu")  # not __name__: this file runs as __main__
 
@@ -45,170 +48,11 @@ LLAMA_1B = {
 
 
 @dataclass(frozen=True)
-class KernelRow:
-    name: str
-    ms: float  # Triton kernel, median
-    ref_ms: float  # torch twin, median
-    amount: float  # bytes moved, or FLOPs for compute-bound rows
-    unit: str  # "GB/s" or "TFLOP/s"
-
-
-@dataclass(frozen=True)
 class DecodeRow:
     batch_size: int
     context: int  # cached tokens per sequence when the timed steps start
     tokens_per_s: float
     ceiling_tokens_per_s: float  # batch / (bytes read per step / copy bandwidth)
-
-
-# ----------------------------------------------------------------------------------------------- timing
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_ms(fn: Callable[[], object], device: torch.device, warmup: int = 3, iters: int = 20) -> float:
-    """Median wall time of fn() in milliseconds, each call synchronized (CUDA events on a GPU)."""
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def copy_bandwidth(device: torch.device, num_bytes: int = 1 << 30) -> float:
-    """Device-to-device copy rate in bytes/s, counting the read and the write."""
-    src = torch.empty(num_bytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), device, iters=10)
-    return 2 * num_bytes / (ms * 1e-3)
-
-
-def matmul_rate(device: torch.device, n: int = 8192) -> float:
-    """bf16 n x n x n matmul rate in FLOP/s."""
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    ms = time_ms(lambda: a @ b, device, iters=10)
-    return 2 * n**3 / (ms * 1e-3)
-
-
-# ----------------------------------------------------------------------------------------------- kernels
-
-
-def _paged_inputs(seq_lens: Sequence[int], query_lens: Sequence[int], device, page_size=256, hq=32, hkv=8, d=128):
-    """Random q and cache with each sequence's pages scattered over the cache, as after some churn."""
-    dtype = torch.bfloat16
-    pages_per_seq = [-(-n // page_size) for n in seq_lens]
-    order = torch.randperm(sum(pages_per_seq)).tolist()
-    tables, used = [], 0
-    for n in pages_per_seq:
-        tables.append(order[used : used + n])
-        used += n
-    width = max(pages_per_seq)
-    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], device=device)
-    k_cache = torch.randn(used, page_size, hkv, d, device=device, dtype=dtype)
-    v_cache = torch.randn_like(k_cache)
-    q = torch.randn(sum(query_lens), hq, d, device=device, dtype=dtype)
-    seq_lens_t = torch.tensor(list(seq_lens), device=device)
-    args = (q, k_cache, v_cache, block_tables, seq_lens_t, tuple(query_lens), tuple(seq_lens), d**-0.5)
-    return args
-
-
-def kernel_rows(device: torch.device) -> list[KernelRow]:
-    """Time each Triton kernel and its twin on model-sized bf16 inputs."""
-    from kernels.torch_ref import activation, attention, norm, rope
-    from kernels.triton import activation as t_activation
-    from kernels.triton import attention as t_attention
-    from kernels.triton import kv_write as t_kv_write
-    from kernels.triton import norm as t_norm
-    from kernels.triton import rope as t_rope
-
-    bf16, rows = torch.bfloat16, []
-
-    def add(name, triton_fn, ref_fn, amount, unit="GB/s"):
-        rows.append(KernelRow(name, time_ms(triton_fn, device), time_ms(ref_fn, device), amount, unit))
-        log.info("%s done", name)
-
-    tokens, hidden = 8192, 4096
-    x = torch.randn(tokens, hidden, device=device, dtype=bf16)
-    res = torch.randn_like(x)
-    w = torch.randn(hidden, device=device, dtype=bf16)
-    add(
-        f"rms_norm + residual [{tokens}, {hidden}]",
-        lambda: t_norm.rms_norm(x, w, 1e-6, res),
-        lambda: norm.rms_norm(x, w, 1e-6, res),
-        4 * x.numel() * 2 + hidden * 2,  # x, residual in; out, new residual out
-    )
-
-    heads, head_dim = 32, 128
-    q = torch.randn(tokens, heads, head_dim, device=device, dtype=bf16)
-    cos = torch.randn(tokens, head_dim, device=device, dtype=bf16)
-    sin = torch.randn_like(cos)
-    add(
-        f"rope [{tokens}, {heads}, {head_dim}]",
-        lambda: t_rope.apply_rope(q, cos, sin),
-        lambda: rope.apply_rope(q, cos, sin),
-        2 * q.numel() * 2 + 2 * cos.numel() * 2,
-    )
-
-    inter = 14336
-    gate_up = torch.randn(tokens, 2 * inter, device=device, dtype=bf16)
-    add(
-        f"silu_and_mul [{tokens}, 2 x {inter}]",
-        lambda: t_activation.silu_and_mul(gate_up),
-        lambda: activation.silu_and_mul(gate_up),
-        3 * tokens * inter * 2,
-    )
-
-    page_size, kv_heads = 256, 8
-    k_cache = torch.zeros(2 * tokens // page_size, page_size, kv_heads, head_dim, device=device, dtype=bf16)
-    v_cache = torch.zeros_like(k_cache)
-    k = torch.randn(tokens, kv_heads, head_dim, device=device, dtype=bf16)
-    v = torch.randn_like(k)
-    slots = torch.randperm(k_cache.shape[0] * page_size, device=device)[:tokens]
-    add(
-        f"write_kv [{tokens}, {kv_heads}, {head_dim}]",
-        lambda: t_kv_write.write_kv(k_cache, v_cache, k, v, slots),
-        lambda: attention.write_kv(k_cache, v_cache, k, v, slots),
-        4 * k.numel() * 2 + slots.numel() * 8,
-    )
-
-    context = 4096
-    for batch in (1, 8, 32):
-        args = _paged_inputs([context] * batch, [1] * batch, device)
-        kv_bytes = 2 * batch * context * kv_heads * head_dim * 2
-        add(
-            f"decode attention b={batch} ctx={context}",
-            lambda args=args: t_attention.paged_attention(*args),
-            lambda args=args: attention.paged_attention(*args),
-            kv_bytes,
-        )
-
-    for label, past, new, num_seqs in (("prefill", 0, 2048, 4), ("chunked prefill", 3584, 512, 1)):
-        args = _paged_inputs([past + new] * num_seqs, [new] * num_seqs, device)
-        keys_attended = num_seqs * sum(past + i + 1 for i in range(new))
-        add(
-            f"{label} attention {num_seqs} x {new} new, {past} cached",
-            lambda args=args: t_attention.paged_attention(*args),
-            lambda args=args: attention.paged_attention(*args),
-            4 * heads * head_dim * keys_attended,  # QK^T and PV, 2 FLOPs per multiply-add each
-            "TFLOP/s",
-        )
-    return rows
 
 
 # ----------------------------------------------------------------------------------------------- engine
@@ -220,21 +64,8 @@ def decode_ceiling(weight_bytes: int, kv_bytes_per_token: int, batch_size: int, 
     return batch_size * bandwidth / step_bytes
 
 
-def engine_decode(
-    device: torch.device,
-    dtype: torch.dtype,
-    batch_sizes: Sequence[int],
-    bandwidth: float,
-    context: int = 512,
-    steps: int = 32,
-    config: dict | None = None,
-    page_size: int = 256,
-) -> list[DecodeRow]:
-    """Decode tok/s of a random-weight Llama (`config`, Llama 3.2 1B's shapes by default) per batch size.
-
-    Each batch prefills `context` random tokens per sequence, runs two untimed steps, then times `steps`.
-    """
-    from engine.cache import Cache
+def random_model(device: torch.device, dtype: torch.dtype, config: dict | None = None):
+    """A random-weight Llama (`config`, Llama 3.2 1B's shapes by default) in `dtype` on `device`."""
     from engine.config import ModelConfig
     from engine.models.llama import LlamaForCausalLM
 
@@ -247,10 +78,38 @@ def engine_decode(
         for p in model.parameters():
             if p.dim() >= 2:  # norms keep their ones; projections start as torch.empty
                 p.normal_(0.0, 0.02)
-    model.eval()
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied: counted once
+    return model.eval()
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the model's parameters and buffers (GGUF blocks), each storage counted once (a tied head)."""
+    seen, total = set(), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def engine_decode(
+    model,
+    device: torch.device,
+    batch_sizes: Sequence[int],
+    bandwidth: float,
+    context: int = 512,
+    steps: int = 32,
+    page_size: int = 256,
+) -> list[DecodeRow]:
+    """Decode tok/s of `model` per batch size.
+
+    Each batch prefills `context` random tokens per sequence, runs two untimed steps, then times `steps`.
+    """
+    from engine.cache import Cache
+
+    model_config = model.config
     layers, kv_heads = model_config.num_hidden_layers, model_config.num_key_value_heads
     kv_bytes_per_token = 2 * layers * kv_heads * model_config.head_dim * model.dtype.itemsize
+    model_bytes = weight_bytes(model)
 
     rows = []
     pages_per_seq = -(-(context + steps + 2) // page_size)
@@ -258,7 +117,7 @@ def engine_decode(
         cache = Cache(model, max_seq_len=batch_size * pages_per_seq * page_size, page_size=page_size)
         tables = [list(range(i * pages_per_seq, (i + 1) * pages_per_seq)) for i in range(batch_size)]
         rate = _decode_rate(model, cache, tables, context, steps, device)
-        ceiling = decode_ceiling(weight_bytes, kv_bytes_per_token, batch_size, context + 2 + steps // 2, bandwidth)
+        ceiling = decode_ceiling(model_bytes, kv_bytes_per_token, batch_size, context + 2 + steps // 2, bandwidth)
         rows.append(DecodeRow(batch_size, context + 2, rate, ceiling))
         del cache  # the next batch size allocates its own
         log.info("engine decode b=%d done", batch_size)
@@ -280,28 +139,15 @@ def _decode_rate(model, cache, tables: list[list[int]], context: int, steps: int
         ids = step(0, context, ids)
         ids = step(context, 1, ids)
         ids = step(context + 1, 1, ids)
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         for i in range(steps):
             ids = step(context + 2 + i, 1, ids)
-        _sync(device)
+        sync(device)
         return batch_size * steps / (time.perf_counter() - t0)
 
 
 # ----------------------------------------------------------------------------------------------- report
-
-
-def format_kernel_rows(rows: Sequence[KernelRow], bandwidth: float, flops: float) -> str:
-    lines = [f"{'kernel':<48} {'triton ms':>10} {'rate':>16} {'of device':>9} {'twin ms':>9} {'speedup':>8}"]
-    for r in rows:
-        rate = r.amount / (r.ms * 1e-3)
-        peak = bandwidth if r.unit == "GB/s" else flops
-        scale = 1e9 if r.unit == "GB/s" else 1e12
-        lines.append(
-            f"{r.name:<48} {r.ms:>10.3f} {rate / scale:>8.1f} {r.unit:<7} {rate / peak:>8.0%} "
-            f"{r.ref_ms:>9.3f} {r.ref_ms / r.ms:>7.1f}x"
-        )
-    return "\n".join(lines)
 
 
 def format_decode_rows(rows: Sequence[DecodeRow]) -> str:
@@ -319,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", default="1,8,32", help="engine decode batch sizes (comma-separated)")
     parser.add_argument("--context", type=int, default=512, help="cached tokens per sequence when decode starts")
     parser.add_argument("--steps", type=int, default=32, help="timed decode steps per batch size")
+    parser.add_argument(
+        "--gguf", metavar="PATH", action="append", default=[], help="also decode this GGUF file (repeatable)"
+    )
     parser.add_argument("--skip-kernels", action="store_true", help="engine rows only")
     parser.add_argument("--skip-engine", action="store_true", help="kernel rows only")
     parser.add_argument(
@@ -353,12 +202,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
         print(format_kernel_rows(kernel_rows(device), bandwidth, flops))
     if not args.skip_engine:
-        rows = engine_decode(device, torch.bfloat16, batch_sizes, bandwidth, args.context, args.steps)
         backend = "torch twins" if args.reference else "Triton kernels where they apply"
-        print()
-        print(f"engine decode, random-weight bf16 Llama 3.2 1B shapes, {backend}:")
-        print(format_decode_rows(rows))
+        models = [("random-weight bf16 Llama 3.2 1B shapes", lambda: random_model(device, torch.bfloat16))]
+        models += [(path, lambda path=path: _load(path, device)) for path in args.gguf]
+        for label, make in models:
+            model = make()
+            rows = engine_decode(model, device, batch_sizes, bandwidth, args.context, args.steps)
+            print()
+            print(f"engine decode, {label} ({weight_bytes(model) / 2**20:.0f} MiB of weights), {backend}:")
+            print(format_decode_rows(rows))
+            del model
+            torch.cuda.empty_cache()
     return 0
+
+
+def _load(path: str, device: torch.device):
+    from engine.models import Model
+
+    return Model.load(path, device=device, dtype=torch.bfloat16)
 
 
 if __name__ == "__main__":

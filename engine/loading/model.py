@@ -33,10 +33,14 @@ QUANTIZED_CHOICES = ("auto", "int4", None)
 
 
 def default_quantized(device: torch.device, dtype: torch.dtype) -> str | None:
-    """Keep Q4_0 / Q4_1 GGUF weights 4-bit for bfloat16 on CPU, where decode is memory-bound and torch has an
-    int4 matmul; float32 stays dequantized so it is the exact reference, and other devices have no kernel yet.
-    """
-    return "int4" if device.type == "cpu" and dtype == torch.bfloat16 else None
+    """Keep GGUF weights quantized where decode is memory-bound and a kernel reads them: bfloat16 on a CPU (the C
+    block kernels, torch's int4 matmul) and 16-bit floats on a CUDA GPU with triton (the Triton block matmul).
+    float32 stays dequantized so it is the exact reference; other devices have no kernel."""
+    if device.type == "cpu":
+        return "int4" if dtype == torch.bfloat16 else None
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and ops.triton_available():
+        return "int4"
+    return None
 
 
 def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:

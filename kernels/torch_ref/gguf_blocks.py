@@ -57,6 +57,23 @@ BLOCKS: dict[str, tuple[int, int]] = {
     "IQ4_XS": (256, 136),
 }
 
+# Byte offsets of each block's float16 fields (d, and m or dmin where the type has one); any bit pattern makes
+# the rest of a block valid.
+F16_FIELDS: dict[str, tuple[int, ...]] = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+}
+
 # The 16 non-uniform levels IQ4_NL and IQ4_XS index with a nibble (ggml's kvalues_iq4nl).
 KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
@@ -246,6 +263,19 @@ def dequantize(blocks: torch.Tensor, type_name: str, num_cols: int, dtype: torch
     split = blocks.reshape(*blocks.shape[:-1], num_cols // values, block_size)  # [..., blocks per row, bytes]
     out = _DEQUANTIZE[type_name](split)
     return out.reshape(*blocks.shape[:-1], num_cols).to(dtype)
+
+
+def random_blocks(num_rows: int, num_cols: int, type_name: str, seed: int, scale: float = 0.02) -> torch.Tensor:
+    """Random but valid blocks [num_rows, row bytes] of `type_name`, for tests and benchmarks: random bits (so
+    every high bit, sub-block scale, min and level occurs) with float16 fields uniform in [-scale, scale]."""
+    generator = torch.Generator().manual_seed(seed)
+    size = row_bytes(type_name, num_cols)
+    values, block_size = BLOCKS[type_name]
+    blocks = torch.randint(0, 256, (num_rows * num_cols // values, block_size), dtype=torch.uint8, generator=generator)
+    for offset in F16_FIELDS[type_name]:
+        fields = (torch.rand(blocks.shape[0], generator=generator) * 2 - 1) * scale
+        blocks[:, offset : offset + 2] = fields.to(torch.float16).view(torch.uint8).reshape(-1, 2)
+    return blocks.reshape(num_rows, size)
 
 
 def linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -4,7 +4,7 @@ Each candidate below takes the op's arguments and returns None (so dispatch move
 unless every tensor is on a CUDA device, in a dtype and shape the kernel handles, and triton is installed.
 Only then is the kernel module imported, so a CPU-only process never loads triton at all.
 
-The kernel modules (`attention`, `kv_write`, `norm`, `rope`, `activation`) can also be called directly;
+The kernel modules (`attention`, `kv_write`, `norm`, `rope`, `activation`, `gguf_matmul`) can also be called directly;
 the tests run them on CPU tensors under triton's interpreter, turned on by `launch.use_interpreter()` before
 triton is first imported.
 """
@@ -17,6 +17,7 @@ from functools import cache
 
 import torch
 
+from kernels.torch_ref.gguf_blocks import BLOCKS
 from kernels.triton.launch import DTYPES
 
 MAX_NORM_COLS = 16384  # the norm kernel keeps a row in registers
@@ -96,6 +97,38 @@ def paged_attention(
     return attention.paged_attention(
         q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window, page_runs
     )
+
+
+def blocks_supported(
+    type_name: str, device: torch.device | str, dtype: torch.dtype, num_cols: int, num_rows: int
+) -> bool:
+    """Whether a weight [num_rows, num_cols] of GGUF type `type_name` stays in the file's blocks on `device`:
+    the Triton matmul reads every type, in the file's layout, for rows of whole blocks on a CUDA GPU."""
+    return (
+        torch.device(device).type == "cuda"
+        and type_name in BLOCKS
+        and dtype in DTYPES
+        and num_rows > 0
+        and num_cols > 0
+        and num_cols % BLOCKS[type_name][0] == 0
+        and is_available()
+    )
+
+
+def linear_blocks(x, blocks, type_name: str, bias=None):
+    if not _on_cuda(x, blocks, bias) or x.dtype not in DTYPES or x.dim() < 1 or type_name not in BLOCKS:
+        return None
+    values, size = BLOCKS[type_name]
+    num_cols = x.shape[-1]
+    if num_cols == 0 or num_cols % values or blocks.dtype != torch.uint8 or blocks.dim() != 2:
+        return None
+    if blocks.shape[1] != num_cols // values * size or not blocks.is_contiguous() or x.numel() == 0:
+        return None
+    if bias is not None and (bias.shape != (blocks.shape[0],) or bias.dtype not in DTYPES):
+        return None
+    from kernels.triton import gguf_matmul
+
+    return gguf_matmul.linear(x, blocks, type_name, bias)
 
 
 def rms_norm(x, weight, eps: float, residual=None):

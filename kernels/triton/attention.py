@@ -33,7 +33,9 @@ import triton.language as tl
 from kernels.triton import launch
 
 LOG2E = 1.4426950408889634
-NEG_BIG = -1.0e30  # running-max start: finite, so a fully masked tile gives exp2(-inf) = 0, never NaN
+# Running-max start: finite, so a fully masked tile gives exp2(-inf) = 0, never NaN. A constexpr, as compiled
+# kernels may read no other global (the interpreter lets them).
+NEG_BIG = tl.constexpr(-1.0e30)
 MIN_SPLIT_TOKENS = 128  # fewer keys per split than this and merging costs more than it spreads
 INTERPRETER_PROGRAMS = 8  # split target when no GPU is there to count SMs (keeps splitting tested)
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine.bench import gpu as bench
+from engine.bench import gpu_kernels
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY_LLAMA = dict(
@@ -49,9 +50,9 @@ def test_decode_ceiling_is_bandwidth_over_bytes_per_step():
 
 def test_engine_decode_runs_on_a_tiny_model():
     """The GPU measurement's code path, small and on the CPU (through the torch twins)."""
-    rows = bench.engine_decode(
-        torch.device("cpu"), torch.float32, (1, 3), bandwidth=1e10, context=20, steps=3, config=TINY_LLAMA, page_size=16
-    )
+    cpu = torch.device("cpu")
+    model = bench.random_model(cpu, torch.float32, TINY_LLAMA)
+    rows = bench.engine_decode(model, cpu, (1, 3), bandwidth=1e10, context=20, steps=3, page_size=16)
     assert [r.batch_size for r in rows] == [1, 3]
     assert all(r.context == 22 and r.tokens_per_s > 0 and r.ceiling_tokens_per_s > 0 for r in rows)
     table = bench.format_decode_rows(rows)
@@ -59,7 +60,20 @@ def test_engine_decode_runs_on_a_tiny_model():
 
 
 def test_kernel_table_reports_rates_against_the_device():
-    rows = [bench.KernelRow("norm", 1.0, 3.0, 1e9, "GB/s"), bench.KernelRow("prefill", 2.0, 4.0, 1e12, "TFLOP/s")]
-    table = bench.format_kernel_rows(rows, bandwidth=2e12, flops=1e15).splitlines()
+    rows = [
+        gpu_kernels.KernelRow("norm", 1.0, 3.0, 1e9, "GB/s"),
+        gpu_kernels.KernelRow("prefill", 2.0, 4.0, 1e12, "TFLOP/s"),
+    ]
+    table = gpu_kernels.format_kernel_rows(rows, bandwidth=2e12, flops=1e15).splitlines()
     assert "1000.0 GB/s" in table[1] and "50%" in table[1] and "3.0x" in table[1]
     assert "500.0 TFLOP/s" in table[2] and "50%" in table[2] and "2.0x" in table[2]
+
+
+def test_gguf_rows_time_the_triton_matmul_and_its_twin():
+    """The GGUF rows' code path, small and on the CPU (the Triton kernel in triton's interpreter)."""
+    pytest.importorskip("triton")
+    rows = gpu_kernels.gguf_kernel_rows(torch.device("cpu"), types=("Q4_K",), shape=(32, 256))
+    assert [r.unit for r in rows] == ["GB/s", "TFLOP/s"]
+    assert rows[0].amount == 32 * 144  # a decode row is judged by the blocks it reads
+    assert rows[1].amount == 2 * 512 * 32 * 256
+    assert all(r.ms > 0 and r.ref_ms > 0 for r in rows)

@@ -60,7 +60,7 @@ def logits(model: Model, ids: list[int]) -> torch.Tensor:
     cache = Cache(model, max_seq_len=64, page_size=16)
     batch = Batch.build(cache, [[0, 1, 2, 3]], [0], [len(ids)], logits=[list(range(len(ids)))])
     with torch.inference_mode():
-        return model(torch.tensor(ids), batch.positions(), batch).float()
+        return model(torch.tensor(ids, device=model.device), batch.positions(), batch).float().cpu()
 
 
 def tensor_bytes(model: Model) -> int:
@@ -209,3 +209,25 @@ def test_32_value_block_types_stay_in_their_blocks_repacked(gguf_kit, qtype):
     ids = torch.tensor(PROMPT)
     assert torch.equal(ours.embed(ids), expanded.embed(ids))
     assert torch.isfinite(logits(ours, PROMPT)).all()  # closeness: test_logits_match_the_weights_expanded_at_load
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q4_0", "Q8_0", "IQ4_XS"])
+def test_on_a_gpu_the_projections_keep_the_files_blocks(gguf_kit, qtype):
+    # The Triton matmul (kernels/triton/gguf_matmul.py) reads the file's layout: no repacking, no expansion,
+    # and the tiny vocabulary's table stays in blocks too (the GPU kernel takes any row count)
+    model = gguf_kit.model("LlamaForCausalLM", tie_word_embeddings=True, **LLAMA)
+    raw = {"blk.0.attn_v.weight": "Q6_K", "token_embd.weight": "Q6_K"} if qtype == "Q4_K" else {}
+    written = gguf_kit.write(model, qtype, raw_types=raw)
+    ours = Model.load(written.path, device="cuda")
+    assert ours.model.layers[0].self_attn.qkv_proj.block_types == ([qtype, "Q6_K"] if raw else [qtype])
+    projections = [m for n, m in ours.named_modules() if n.endswith("_proj")]
+    assert all(m.block_types for m in projections) and not any(hasattr(m, "weight") for m in projections)
+    assert ours.lm_head.blocks0.data_ptr() == ours.model.embed_tokens.blocks.data_ptr()
+    expanded = Model.load(written.path, device="cuda", quantized=None)
+    ids = torch.tensor(PROMPT, device="cuda")
+    assert torch.equal(ours.embed(ids), expanded.embed(ids))
+    # both round each weight to bfloat16 once (the kernel in registers, the expanded model at load), so they
+    # differ by float32 summation order only
+    got, want = logits(ours, PROMPT), logits(expanded, PROMPT)
+    torch.testing.assert_close(got, want, rtol=0.02, atol=0.02 * want.abs().max().item())
