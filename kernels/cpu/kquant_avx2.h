@@ -245,6 +245,8 @@ static inline __attribute__((always_inline)) void tile_iq4xs(const uint8_t *t, i
     }
 }
 
+#include "kquant_avx2_one.h"
+
 /* One half (8 weight rows) of one group's tiles: acc[r] lane i += output row 8 * half + i. */
 static void group_q8(int type, const uint8_t *tiles, int half, int64_t blocks, const Quantized *q, int64_t k,
                      int64_t first, int64_t rows, __m256 *acc) {
@@ -282,6 +284,16 @@ static int matmul_q8(int type, const uint16_t *x, int64_t x_stride, const uint8_
         for (int64_t first = 0; first < rows; first += MAX_ROWS) {
             const int64_t tile = rows - first < MAX_ROWS ? rows - first : MAX_ROWS;
             for (int64_t g = chunk * per_chunk; g < end; g++) {
+                if (tile == 1 && one_pass(type)) { /* a decode step's row: both halves in one pass */
+                    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+                    group_q8_one(type, w + g * group_bytes, blocks, &q, k, first, acc);
+                    float lanes[16];
+                    _mm256_storeu_ps(lanes, acc[0]);
+                    _mm256_storeu_ps(lanes + 8, acc[1]);
+                    uint16_t *o = out + first * out_stride + g * GROUP;
+                    for (int i = 0; i < 16; i++) o[i] = float_to_bf16(lanes[i]);
+                    continue;
+                }
                 for (int half = 0; half < 2; half++) {
                     __m256 acc[MAX_ROWS];
                     for (int64_t r = 0; r < tile; r++) acc[r] = _mm256_setzero_ps();

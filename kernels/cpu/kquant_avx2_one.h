@@ -1,0 +1,121 @@
+/* kquant_avx2.h's tiles for one row of x (a decode step), both halves of a 16-row tile in one pass: included
+   there only, after tile_q45k and tile_q6k, whose float steps these repeat lane for lane.
+
+   With one row of x, kquant_avx2.h's loop over halves passed over a group's tiles twice (rows 0-7, then 8-15:
+   each 64-byte line holds 32 bytes of each half, so the second pass re-read every line from L2) and
+   broadcast each quad of x twice. Here both halves' quads meet the same broadcast of x while their line is
+   in L1. Per output row the arithmetic is the two-pass path's: the same exact integer sums, then the same
+   float multiplies and multiply-adds in the same order, so a row's result does not depend on how many rows
+   of x came with it (tests/kernels/test_cpu_blocks.py: each row as if alone). */
+
+/* Q4_K or Q5_K (`five`): acc[half] lane i += output row 8 * half + i, for row `row` of x. */
+static inline __attribute__((always_inline)) void tile_q45k_one(const int five, const uint8_t *t, int64_t b,
+                                                                int64_t blocks, const Quantized *q, int64_t k,
+                                                                int64_t row, __m256 *acc) {
+    const __m256i low4 = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
+    const __m256i m6 = _mm256_set1_epi32(0x3f3f3f3f), m4 = _mm256_set1_epi32(0x0f0f0f0f), m2 = _mm256_set1_epi32(0x03030303);
+    const int64_t rb = row * blocks + b;
+    const __m256 dx = _mm256_set1_ps(q->dx[rb]);
+    const int8_t *xq = q->xq + row * k + b * QK;
+    const uint8_t *qs = t + qk_qs(five ? TYPE_Q5_K : TYPE_Q4_K);
+    __m256 minus[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int j = 0; j < 8; j++) { /* sub-block j: the low (even j) or high (odd j) nibbles of chunk j / 2 */
+        const int c = j / 2, high = j % 2;
+        __m256i pairs[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int quad = 0; quad < 8; quad++) {
+            const __m256i xb = bcast4(xq + 32 * j + 4 * quad);
+            for (int half = 0; half < 2; half++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * (8 * c + quad) + 32 * half));
+                __m256i u = _mm256_and_si256(high ? _mm256_srli_epi16(v, 4) : v, low4);
+                if (five) {
+                    uint32_t bits; /* this half's 32 bits of the 64-bit mask */
+                    memcpy(&bits, t + QKT_MASKS + 8 * (16 * c + 8 * high + quad) + 4 * half, 4);
+                    u = _mm256_add_epi8(u, _mm256_and_si256(bits_to_bytes(bits), sixteen));
+                }
+                pairs[half] = _mm256_add_epi16(pairs[half], _mm256_maddubs_epi16(u, xb));
+            }
+            if (quad % (five ? 4 : 8) == (five ? 3 : 7)) { /* as dot_quads: u <= 31 or 15 keeps int16 exact */
+                for (int half = 0; half < 2; half++) {
+                    dot[half] = _mm256_add_epi32(dot[half], _mm256_madd_epi16(pairs[half], ones));
+                    pairs[half] = _mm256_setzero_si256();
+                }
+            }
+        }
+        for (int half = 0; half < 2; half++) {
+            /* sub-block j's 6-bit scale and min of each row: kquant_avx2.h's lane bytes of its three words */
+            const uint8_t *s = t + QKT_SCALES + 32 * half;
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)s), w1 = _mm256_loadu_si256((const __m256i *)(s + 64)),
+                          w2 = _mm256_loadu_si256((const __m256i *)(s + 128));
+            const __m256i scales = j < 4 ? _mm256_and_si256(w0, m6)
+                                         : _mm256_or_si256(_mm256_and_si256(w2, m4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w0, 6), m2), 4));
+            const __m256i mins = j < 4 ? _mm256_and_si256(w1, m6)
+                                       : _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), m4),
+                                                         _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w1, 6), m2), 4));
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + QKT_D + 16 * half)));
+            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + QKT_DMIN + 16 * half)));
+            const __m256 scale = _mm256_mul_ps(d, lane_byte(scales, j % 4));
+            const __m256 min = _mm256_mul_ps(dmin, lane_byte(mins, j % 4));
+            acc[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[half]), _mm256_mul_ps(scale, dx), acc[half]);
+            minus[half] = _mm256_fmadd_ps(min, _mm256_set1_ps(q->dx[rb] * (float)q->xs[rb * 16 + j]), minus[half]);
+        }
+    }
+    for (int half = 0; half < 2; half++) acc[half] = _mm256_sub_ps(acc[half], minus[half]);
+}
+
+static inline __attribute__((always_inline)) void tile_q6k_one(const uint8_t *t, int64_t b, int64_t blocks,
+                                                               const Quantized *q, int64_t k, int64_t row, __m256 *acc) {
+    const __m256i low4 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+    const int64_t rb = row * blocks + b;
+    const __m256 dx = _mm256_set1_ps(q->dx[rb]);
+    const int8_t *xq = q->xq + row * k + b * QK;
+    for (int h = 0; h < 2; h++) {
+        for (int s = 0; s < 4; s++) { /* values 128h + 32s + l: sub-blocks 8h + 2s and 8h + 2s + 1 */
+            for (int part = 0; part < 2; part++) {
+                const int j = 8 * h + 2 * s + part;
+                __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+                for (int pair = 0; pair < 2; pair++) { /* as dot_quads(.., 4, 2): two quads' int16 pairs, u <= 63 */
+                    __m256i pairs[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+                    for (int i = 0; i < 2; i++) {
+                        const int quad = 4 * part + 2 * pair + i;
+                        const __m256i xb = bcast4(xq + 16 * j + 4 * (2 * pair + i));
+                        for (int half = 0; half < 2; half++) {
+                            const __m256i low = _mm256_loadu_si256((const __m256i *)(t + Q6T_QL + 64 * (16 * h + 8 * (s & 1) + quad) + 32 * half));
+                            const __m256i hi = _mm256_loadu_si256((const __m256i *)(t + Q6T_QH + 64 * (8 * h + quad) + 32 * half));
+                            const __m256i nibble = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(low, 4) : low, low4);
+                            const __m256i u = _mm256_or_si256(nibble, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hi, 2 * s), three), 4));
+                            pairs[half] = _mm256_add_epi16(pairs[half], _mm256_maddubs_epi16(u, xb));
+                        }
+                    }
+                    for (int half = 0; half < 2; half++) dot[half] = _mm256_add_epi32(dot[half], _mm256_madd_epi16(pairs[half], ones));
+                }
+                for (int half = 0; half < 2; half++) {
+                    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + Q6T_D + 16 * half)));
+                    const __m256 scale = _mm256_mul_ps(
+                        d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(t + Q6T_SCALES + 16 * j + 8 * half)))));
+                    /* q - 32: the sub-block's 32 * sum of xq comes off in int32 */
+                    const __m256i shifted = _mm256_sub_epi32(dot[half], _mm256_set1_epi32(32 * q->xs[rb * 16 + j]));
+                    acc[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(shifted), _mm256_mul_ps(scale, dx), acc[half]);
+                }
+            }
+        }
+    }
+}
+
+/* Whether group_q8_one takes `type`; the others keep kquant_avx2.h's two passes. */
+static inline int one_pass(int type) { return type == TYPE_Q4_K || type == TYPE_Q5_K || type == TYPE_Q6_K; }
+
+/* One group's tiles (16 weight rows) against row `row` of x: acc[half] lane i += output row 8 * half + i. */
+static void group_q8_one(int type, const uint8_t *tiles, int64_t blocks, const Quantized *q, int64_t k, int64_t row,
+                         __m256 *acc) {
+    const int64_t tile_bytes = (int64_t)GROUP * block_bytes(type);
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *t = tiles + b * tile_bytes;
+        for (int64_t line = 0; line < tile_bytes; line += 64) _mm_prefetch((const char *)t + PREFETCH_BYTES + line, _MM_HINT_T0);
+        switch (type) {
+        case TYPE_Q4_K: tile_q45k_one(0, t, b, blocks, q, k, row, acc); break;
+        case TYPE_Q5_K: tile_q45k_one(1, t, b, blocks, q, k, row, acc); break;
+        default: tile_q6k_one(t, b, blocks, q, k, row, acc); break;
+        }
+    }
+}
