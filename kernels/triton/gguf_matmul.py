@@ -1,17 +1,26 @@
 """x @ W.T for W held as rows of GGUF blocks on a CUDA GPU: each tile of W is dequantized in registers from the
 file's bytes, so the weight stays at the file's size (a 1B Q4_K_M model: 0.8 GB, not 2.5 GB of bfloat16).
 
-One kernel for every type; `TYPE` (a constexpr) picks the dequantization, and each weight value is computed
-from its absolute column k, so a tile may start and end anywhere inside a block. The layouts are the file's
-(kernels/torch_ref/gguf_blocks.py describes each); every byte is read with a gather, and the neighbouring
-values of a tile that share a block's scale read the same bytes, which the GPU serves from its L1 cache.
+One kernel for every type; `TYPE` (a constexpr) picks the unpacking (kernels/triton/gguf_unpack.py). Each step
+of the K loop reads whole blocks: NB blocks of 32 values, or one super-block of 256. Their bytes are loaded as
+tiles of contiguous bytes and cut into planes by shifts, and x is read in the planes' column order.
 
-Each program computes a [BLOCK_M, BLOCK_N] tile of the output over a slice of K: a decode step's few rows
-leave too few tiles to fill the GPU, so K is split and the slices' float32 partial sums added afterwards, in
-a fixed order.
+Each program computes a [BLOCK_M, BLOCK_N] tile of the output over a slice of K, in one of two forms:
+
+    GEMV  a decode step's 1..GEMV_ROWS rows: multiply and reduce on the CUDA cores, with each group's scale
+          and offset applied to the group's sums (few rows leave the tensor cores nothing to do)
+    dot   more rows: the planes go to tl.dot as weights of x's dtype, summed in float32
+
+Few rows leave too few tiles to fill the GPU, so K is split into slices of whole steps and the slices' float32
+partial sums added afterwards, in a fixed order. Where K is not split, the kernel adds the bias and rounds to x's
+dtype itself, in one launch: on an H200 an eager decode-step call took 100-190 us against ~30 us of GPU time,
+so every launch saved counts.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -19,144 +28,48 @@ import triton.language as tl
 
 from kernels.torch_ref.gguf_blocks import BLOCKS
 from kernels.triton import launch
+from kernels.triton.gguf_unpack import small_blocks, super_blocks
 
-# The constexpr each type's dequantization is chosen by.
+# The constexpr each type's unpacking is chosen by (gguf_unpack.py branches on these numbers).
 TYPE_IDS = {name: i for i, name in enumerate(BLOCKS)}
 
-
-@triton.jit
-def _f16(ptr, mask):
-    """The little-endian float16 at byte pointers `ptr`, as float32."""
-    lo = tl.load(ptr, mask=mask, other=0).to(tl.uint16)
-    hi = tl.load(ptr + 1, mask=mask, other=0).to(tl.uint16)
-    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+# Up to this many rows the GEMV form runs: its multiply-adds grow with the rows while the unpacking does not, and
+# at about four rows they catch up with the time the weight's bytes take to arrive (H200: 4.2 TB/s, ~33 T
+# float32 FMA/s, ~0.56 B per Q4_K weight).
+GEMV_ROWS = 4
 
 
-@triton.jit
-def _byte(ptr, mask):
-    return tl.load(ptr, mask=mask, other=0).to(tl.int32)
+class Tiles(NamedTuple):
+    """One launch's shape: output tile, 32-value blocks per K step (super-block types take one super-block),
+    warps, whether the GEMV form runs, and how many programs per streaming multiprocessor K splitting aims at."""
+
+    block_m: int
+    block_n: int
+    blocks_per_step: int
+    num_warps: int
+    gemv: bool
+    programs_per_sm: int
 
 
-@triton.jit
-def _nibble(ptr, j, mask):
-    """Value j (0..31) of 16 bytes of nibbles at `ptr`: the low nibbles give 0..15, the high ones 16..31."""
-    return (_byte(ptr + (j % 16), mask) >> ((j // 16) * 4)) & 15
+def tiles_for(num_rows: int) -> Tiles:
+    """The tile settings for `num_rows` rows of x.
 
-
-@triton.jit
-def _level(q):
-    """IQ4_NL/IQ4_XS: a nibble's level (gguf_blocks.KVALUES) as a select chain: triton has no constant tables."""
-    v = tl.where(q == 0, -127, 0)
-    v = tl.where(q == 1, -104, v)
-    v = tl.where(q == 2, -83, v)
-    v = tl.where(q == 3, -65, v)
-    v = tl.where(q == 4, -49, v)
-    v = tl.where(q == 5, -35, v)
-    v = tl.where(q == 6, -22, v)
-    v = tl.where(q == 7, -10, v)
-    v = tl.where(q == 8, 1, v)
-    v = tl.where(q == 9, 13, v)
-    v = tl.where(q == 10, 25, v)
-    v = tl.where(q == 11, 38, v)
-    v = tl.where(q == 12, 53, v)
-    v = tl.where(q == 13, 69, v)
-    v = tl.where(q == 14, 89, v)
-    v = tl.where(q == 15, 113, v)
-    return v.to(tl.float32)
-
-
-@triton.jit
-def _k_scale_min(ptr, s, mask):
-    """Q4_K/Q5_K: sub-block s's 6-bit scale and min from the 12 bytes at `ptr`."""
-    low = s < 4
-    a = _byte(ptr + s, mask)  # s < 4: the scale's byte
-    b = _byte(ptr + s + 4, mask)  # s < 4: the min's byte; else the low bits of both
-    c = _byte(ptr + (s % 4), mask)  # s >= 4: top 2 bits of the scale
-    e = _byte(ptr + (s % 4) + 4, mask)  # s >= 4: top 2 bits of the min
-    scale = tl.where(low, a & 63, (b & 15) | ((c >> 6) << 4))
-    minimum = tl.where(low, b & 63, (b >> 4) | ((e >> 6) << 4))
-    return scale.to(tl.float32), minimum.to(tl.float32)
-
-
-@triton.jit
-def _k_quant(row, k, mask, SIZE: tl.constexpr, QS: tl.constexpr, FIFTH: tl.constexpr):
-    """Q4_K (FIFTH False) and Q5_K: 8 sub-blocks of 32, each with a 6-bit scale and min."""
-    base = row + (k // 256) * SIZE
-    j = k % 256
-    s, i = j // 32, j % 32
-    scale, minimum = _k_scale_min(base + 4, s, mask)
-    q = (_byte(base + QS + (s // 2) * 32 + i, mask) >> ((s % 2) * 4)) & 15
-    if FIFTH:
-        q = q | (((_byte(base + 16 + i, mask) >> s) & 1) << 4)
-    return _f16(base, mask) * scale * q.to(tl.float32) - _f16(base + 2, mask) * minimum
-
-
-@triton.jit
-def _dequantize(row, k, mask, TYPE: tl.constexpr):
-    """W[n, k] in float32 for byte pointers `row` (each row's start) and columns `k`."""
-    if TYPE == 0:  # Q4_0: d, 16 bytes of nibbles
-        base = row + (k // 32) * 18
-        return _f16(base, mask) * (_nibble(base + 2, k % 32, mask) - 8).to(tl.float32)
-    elif TYPE == 1:  # Q4_1: d, m, nibbles
-        base = row + (k // 32) * 20
-        return _f16(base, mask) * _nibble(base + 4, k % 32, mask).to(tl.float32) + _f16(base + 2, mask)
-    elif TYPE == 2:  # Q5_0: d, 32 fifth bits, nibbles
-        base = row + (k // 32) * 22
-        j = k % 32
-        high = (_byte(base + 2 + j // 8, mask) >> (j % 8)) & 1
-        return _f16(base, mask) * ((_nibble(base + 6, j, mask) | (high << 4)) - 16).to(tl.float32)
-    elif TYPE == 3:  # Q5_1: d, m, fifth bits, nibbles
-        base = row + (k // 32) * 24
-        j = k % 32
-        high = (_byte(base + 4 + j // 8, mask) >> (j % 8)) & 1
-        q = _nibble(base + 8, j, mask) | (high << 4)
-        return _f16(base, mask) * q.to(tl.float32) + _f16(base + 2, mask)
-    elif TYPE == 4:  # Q8_0: d, 32 int8
-        base = row + (k // 32) * 34
-        q = tl.load(base + 2 + k % 32, mask=mask, other=0).to(tl.int8, bitcast=True)
-        return _f16(base, mask) * q.to(tl.float32)
-    elif TYPE == 5:  # Q2_K: 16 scale/min bytes, 64 bytes of 2-bit values, d, dmin
-        base = row + (k // 256) * 84
-        j = k % 256
-        half, group, i = j // 128, (j % 128) // 32, j % 32
-        sub = _byte(base + j // 16, mask)
-        q = (_byte(base + 16 + half * 32 + i, mask) >> (group * 2)) & 3
-        d = _f16(base + 80, mask) * (sub & 15).to(tl.float32)
-        return d * q.to(tl.float32) - _f16(base + 82, mask) * (sub >> 4).to(tl.float32)
-    elif TYPE == 6:  # Q3_K: 32 bytes of high-bit masks, 64 of 2-bit values, 12 of 6-bit scales, d
-        base = row + (k // 256) * 110
-        j = k % 256
-        half, group, i = j // 128, (j % 128) // 32, j % 32
-        s = j // 16
-        low = (_byte(base + 96 + s % 8, mask) >> ((s // 8) * 4)) & 15
-        top = (_byte(base + 104 + s % 4, mask) >> ((s // 4) * 2)) & 3
-        scale = ((low | (top << 4)) - 32).to(tl.float32)
-        crumb = (_byte(base + 32 + half * 32 + i, mask) >> (group * 2)) & 3
-        kept = (_byte(base + i, mask) >> (half * 4 + group)) & 1
-        return _f16(base + 108, mask) * scale * (crumb - 4 * (1 - kept)).to(tl.float32)
-    elif TYPE == 7:  # Q4_K: d, dmin, 12 scale bytes, nibbles
-        return _k_quant(row, k, mask, 144, 16, False)
-    elif TYPE == 8:  # Q5_K: d, dmin, 12 scale bytes, 32 bytes of fifth bits, nibbles
-        return _k_quant(row, k, mask, 176, 48, True)
-    elif TYPE == 9:  # Q6_K: 128 bytes of low nibbles, 64 of high crumbs, 16 int8 scales, d
-        base = row + (k // 256) * 210
-        j = k % 256
-        half, quarter, i = j // 128, (j % 128) // 32, j % 32
-        low = (_byte(base + half * 64 + (quarter % 2) * 32 + i, mask) >> ((quarter // 2) * 4)) & 15
-        high = (_byte(base + 128 + half * 32 + i, mask) >> (quarter * 2)) & 3
-        scale = tl.load(base + 192 + j // 16, mask=mask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
-        return _f16(base + 208, mask) * scale * ((low | (high << 4)) - 32).to(tl.float32)
-    elif TYPE == 10:  # IQ4_NL: d, nibbles indexing KVALUES
-        base = row + (k // 32) * 18
-        return _f16(base, mask) * _level(_nibble(base + 2, k % 32, mask))
-    else:  # IQ4_XS: d, 16 bits of high scale bits, 4 bytes of low scale nibbles, 8 x 16 bytes of nibbles
-        base = row + (k // 256) * 136
-        j = k % 256
-        s = j // 32
-        low = (_byte(base + 4 + s // 2, mask) >> ((s % 2) * 4)) & 15
-        top = (_byte(base + 2 + s // 4, mask) >> ((s % 4) * 2)) & 3
-        d = _f16(base, mask) * ((low | (top << 4)) - 32).to(tl.float32)
-        return d * _level(_nibble(base + 8 + s * 16, j % 32, mask))
+    GEMV: 16 weight rows by 256 columns per step (2.3 KB of Q4_K, 4.4 KB of Q8_0 over 128 threads), and K split
+    until about 8 programs run per SM: a decode step is one pass over the weight, so the bytes in flight
+    (programs x step) must cover the memory latency. dot: 16 rows is tl.dot's least; prompts take the wide
+    tiles that reuse each dequantized weight over 64 or 128 rows of x. Measured on an H200 (.devdata/sweep2.py,
+    [8192, 2048] and [2048, 8192]): at 1 row this GEMV setting was best or within 12% of three others for
+    Q4_K, Q6_K, Q4_0 and Q8_0; at 512 rows, 128 x 64 with 4 warps was best or level with 8 warps, and 128 x 128
+    with 8 warps ran out of shared memory for Q4_K.
+    """
+    if num_rows <= GEMV_ROWS:
+        block_m = triton.next_power_of_2(num_rows)
+        return Tiles(block_m, 16, 8 if block_m == 1 else 4, 4, True, 8)
+    if num_rows <= 16:
+        return Tiles(16, 32, 4, 4, False, 4)
+    if num_rows <= 64:
+        return Tiles(64, 64, 4, 4, False, 2)
+    return Tiles(128, 64, 4, 4, False, 2)
 
 
 @triton.jit
@@ -164,87 +77,126 @@ def _matmul_kernel(
     x_ptr,
     w_ptr,
     out_ptr,
+    bias_ptr,
     M,
     N,
     K,
     stride_xm,
     row_bytes,
-    k_per_split,
+    blocks_per_split,
     TYPE: tl.constexpr,
+    VALUES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    NB: tl.constexpr,
+    GEMV: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    FINAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    rows = w_ptr + offs_n[:, None].to(tl.int64) * row_bytes  # [BLOCK_N, 1]
-    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+    # Rows past the end read the last real row (stores are masked), so no byte load needs a mask.
+    rows = w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64) * row_bytes  # [BLOCK_N]
+    x_rows = x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64) * stride_xm  # [BLOCK_M]
+    num_blocks = K // VALUES
+    kb_start = pid_k * blocks_per_split
+    kb_stop = tl.minimum(kb_start + blocks_per_split, num_blocks)
+    col_stop = kb_stop * VALUES  # x is zero past the slice, which cancels the clamped blocks of a last step
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_start = pid_k * k_per_split
-    k_stop = tl.minimum(k_start + k_per_split, K)
-    for k0 in range(k_start, k_stop, BLOCK_K):
-        k = k0 + offs_k
-        x = tl.load(x_rows + k[None, :], mask=(offs_m[:, None] < M) & (k[None, :] < k_stop), other=0.0)
-        w = _dequantize(rows, k[None, :], (offs_n[:, None] < N) & (k[None, :] < k_stop), TYPE)
-        if DOT_FP32:
-            acc += tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
+    for kb in range(kb_start, kb_stop, NB):
+        if VALUES == 32:
+            acc = small_blocks(acc, rows, x_rows, kb, col_stop, num_blocks, TYPE, NB, GEMV, DOT_FP32)
         else:
-            acc += tl.dot(x, tl.trans(w.to(x.dtype)))
-    out = out_ptr + (pid_k * M).to(tl.int64) * N + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(out, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+            acc = super_blocks(acc, rows, x_rows, kb, col_stop, TYPE, GEMV, DOT_FP32)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if FINAL:  # K in one slice: the result itself, bias added in float32 and rounded once to out's dtype
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask)
+    else:  # slice pid_k's float32 sums, added up by the launcher
+        tl.store(out_ptr + (pid_k * M).to(tl.int64) * N + offs_m[:, None] * N + offs_n[None, :], acc, mask)
 
 
-def _tiles(num_rows: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K): 16 rows is tl.dot's least; prompts take wider tiles."""
-    if num_rows <= 16:
-        return 16, 32, 128
-    if num_rows <= 64:
-        return 64, 64, 64
-    return 128, 64, 64
+def _cdiv(a: int, b: int) -> int:
+    # not triton.cdiv: that is a jit function, and calling one from Python costs ~10 us of the host's time
+    return -(-a // b)
 
 
-def _num_splits(num_tiles: int, num_cols: int, block_k: int, device: torch.device) -> int:
-    """K slices per tile so that about two programs run per streaming multiprocessor (1 on the interpreter)."""
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _num_splits(num_tiles: int, num_steps: int, programs_per_sm: int, device: torch.device) -> int:
+    """K slices per tile so that about `programs_per_sm` programs run per streaming multiprocessor (1 on the
+    interpreter), each keeping at least one K step."""
     if device.type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(-(-2 * sms // num_tiles), num_cols // block_k))
+    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return max(1, min(-(-programs_per_sm * sms // num_tiles), num_steps))
 
 
-def linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ W.T (+ bias) for W = rows of `type_name` blocks [N, row bytes] uint8 (the file's layout):
-    float32 sums, one rounding to x.dtype at the end, as the twin (kernels/torch_ref/gguf_blocks.linear)."""
-    num_cols = x.shape[-1]
-    x2 = x.reshape(-1, num_cols)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    num_rows, num_out = x2.shape[0], blocks.shape[0]
-    block_m, block_n, block_k = _tiles(num_rows)
-    tiles_m, tiles_n = triton.cdiv(num_rows, block_m), triton.cdiv(num_out, block_n)
-    splits = _num_splits(tiles_m * tiles_n, num_cols, block_k, x.device)
-    k_per_split = triton.cdiv(triton.cdiv(num_cols, splits), block_k) * block_k
-    splits = triton.cdiv(num_cols, k_per_split)
-    partial = launch.empty((splits, num_rows, num_out), torch.float32, x.device)
+def matmul(
+    x2: torch.Tensor, blocks: torch.Tensor, type_name: str, tiles: Tiles, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x2 [M, K] (unit stride along K) @ W.T (+ bias) [M, N] in x2's dtype, with `tiles`. Unsplit K is one launch
+    that adds the bias and rounds; split K leaves float32 slices [splits, M, N], summed here in slice order."""
+    num_rows, num_cols = x2.shape
+    num_out = blocks.shape[0]
+    values = BLOCKS[type_name][0]
+    blocks_per_step = tiles.blocks_per_step if values == 32 else 1
+    num_blocks = num_cols // values
+    tiles_m, tiles_n = _cdiv(num_rows, tiles.block_m), _cdiv(num_out, tiles.block_n)
+    num_steps = _cdiv(num_blocks, blocks_per_step)
+    splits = _num_splits(tiles_m * tiles_n, num_steps, tiles.programs_per_sm, x2.device)
+    blocks_per_split = _cdiv(num_steps, splits) * blocks_per_step
+    splits = _cdiv(num_blocks, blocks_per_split)
+    dot_fp32 = launch.dot_in_fp32(x2.dtype)
+    # triton's interpreter rounds float32 to bfloat16 by truncation (3.9), so there torch rounds instead
+    final = splits == 1 and not (dot_fp32 and x2.dtype == torch.bfloat16)
+    if final:
+        out = launch.empty((num_rows, num_out), x2.dtype, x2.device)
+    else:
+        out = launch.empty((splits, num_rows, num_out), torch.float32, x2.device)
     _matmul_kernel[(tiles_m, tiles_n, splits)](
         x2,
         blocks,
-        partial,
+        out,
+        bias if bias is not None else out,
         num_rows,
         num_out,
         num_cols,
         x2.stride(0),
         blocks.shape[1],
-        k_per_split,
+        blocks_per_split,
         TYPE=TYPE_IDS[type_name],
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        DOT_FP32=launch.dot_in_fp32(x.dtype),
+        VALUES=values,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        NB=blocks_per_step,
+        GEMV=tiles.gemv,
+        DOT_FP32=dot_fp32,
+        FINAL=final,
+        HAS_BIAS=bias is not None,
+        num_warps=tiles.num_warps,
     )
-    out = partial[0] if splits == 1 else partial.sum(0)
+    if final:
+        return out
+    total = out.sum(0)
     if bias is not None:
-        out = out + bias.float()
-    return out.to(x.dtype).reshape(*x.shape[:-1], num_out)
+        total += bias.float()
+    return total.to(x2.dtype)
+
+
+def linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ W.T (+ bias) for W = rows of `type_name` blocks [N, row bytes] uint8 (the file's layout):
+    float32 sums, bias added in float32, one rounding to x.dtype at the end, as the twin
+    (kernels/torch_ref/gguf_blocks.linear)."""
+    num_cols = x.shape[-1]
+    x2 = x.reshape(-1, num_cols)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = matmul(x2, blocks, type_name, tiles_for(x2.shape[0]), bias)
+    return out.reshape(*x.shape[:-1], blocks.shape[0])

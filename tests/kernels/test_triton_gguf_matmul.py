@@ -2,11 +2,12 @@
 there is one, else on the CPU in triton's interpreter.
 
 Tried: every type, random valid blocks (negative and positive d and m, every fifth and high bit, every Q2_K/Q3_K
-scale and min, every IQ4_XS scale, int8 q of both signs, all 16 IQ4_NL levels), 1 to 70 rows (one or several
-row tiles, partial ones), 48 and 70 output features (partial column tiles), rows of 1 to 3 super-blocks and odd
-32-value block counts (96, 160 values: tiles that end inside a block), float32 and bfloat16 x, 3-D x, a bias,
-and K split into slices (a decode step's path on a GPU). The dispatch candidate must decline CPU tensors, a wrong
-row size and non-contiguous blocks.
+scale and min, every IQ4_XS scale, int8 q of both signs, all 16 IQ4_NL levels) through both forms of the kernel:
+the GEMV form (1 row, and 3 rows padded to 4) and tl.dot (11, 17 and 70 rows: 16-, 64- and 128-row tiles, all
+partial). 24 and 70 output features (partial column tiles), rows of 1 to 3 super-blocks and odd 32-value block
+counts (96, 160 values: a K step that ends inside its blocks), float32 and bfloat16 x, 3-D x, a bias, K split
+into slices (a decode step's path on a GPU), and other tile settings than the default (several row tiles,
+2-block steps). The dispatch candidate must decline CPU tensors, a wrong row size and non-contiguous blocks.
 """
 
 from __future__ import annotations
@@ -69,18 +70,22 @@ def inputs(type_name: str, rows: int, num_out: int, num_cols: int, dtype: torch.
     return x.to(DEVICE), blocks.to(DEVICE), gguf_weight(blocks, type_name)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+# (rows, dtype): the GEMV form at 1 row and at 3 rows of a 4-row tile, tl.dot's 16-, 64- and 128-row tiles
+FORMS = [(1, torch.float32), (1, torch.bfloat16), (3, torch.bfloat16), (11, torch.float32), (17, torch.bfloat16)]
+FORMS += [(70, torch.bfloat16)]
+
+
 @pytest.mark.parametrize("type_name", TYPES)
-@pytest.mark.parametrize("rows", [1, 17, 70])
+@pytest.mark.parametrize(("rows", "dtype"), FORMS, ids=[f"{rows}-{str(dtype)[6:]}" for rows, dtype in FORMS])
 def test_matches_ggufs_dequantization(type_name, rows, dtype):
-    x, blocks, weight = inputs(type_name, rows, 48, 512, dtype, rows)
+    x, blocks, weight = inputs(type_name, rows, 24, 512, dtype, rows)
     check(gguf_matmul.linear(x, blocks, type_name), x, weight)
 
 
 @pytest.mark.parametrize("type_name", BLOCK32)
-@pytest.mark.parametrize("num_cols", [96, 160])
-def test_rows_that_end_inside_a_tile(type_name, num_cols):
-    x, blocks, weight = inputs(type_name, 3, 70, num_cols, torch.float32, num_cols)
+@pytest.mark.parametrize(("rows", "num_cols"), [(1, 160), (3, 96), (17, 160)])
+def test_rows_that_end_inside_a_step(type_name, rows, num_cols):
+    x, blocks, weight = inputs(type_name, rows, 70, num_cols, torch.float32, num_cols)
     check(gguf_matmul.linear(x, blocks, type_name), x, weight)
 
 
@@ -94,10 +99,21 @@ def test_three_dimensional_x_and_a_bias(type_name):
 
 
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q5_K"])
-def test_k_split_into_slices(type_name, monkeypatch):
+@pytest.mark.parametrize("rows", [2, 20])
+def test_k_split_into_slices(type_name, rows, monkeypatch):
     """A decode step's few rows leave the GPU idle unless K is split; the slices' sums must add up."""
     monkeypatch.setattr(gguf_matmul, "_num_splits", lambda *args: 3)
-    x, blocks, weight = inputs(type_name, 2, 32, 768, torch.float32, 5)
+    x, blocks, weight = inputs(type_name, rows, 32, 768, torch.float32, 5)
+    check(gguf_matmul.linear(x, blocks, type_name), x, weight)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_K"])
+@pytest.mark.parametrize("gemv", [True, False], ids=["gemv", "dot"])
+def test_other_tile_settings(type_name, gemv, monkeypatch):
+    """Settings a tile sweep may choose instead (.devdata/sweep2.py): here several row tiles and 2-block steps."""
+    tiles = gguf_matmul.Tiles(2, 16, 2, 4, True, 8) if gemv else gguf_matmul.Tiles(16, 16, 2, 4, False, 2)
+    monkeypatch.setattr(gguf_matmul, "tiles_for", lambda num_rows: tiles)
+    x, blocks, weight = inputs(type_name, 5 if gemv else 40, 24, 256, torch.bfloat16, 7)
     check(gguf_matmul.linear(x, blocks, type_name), x, weight)
 
 
