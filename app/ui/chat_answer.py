@@ -1,8 +1,8 @@
 """One chat's answer on its way: asked of the backend, streamed into its message, saved as it goes.
 
-    start(backend, conversation, settings)       the tab counts as answering from here
+    start(backend, conversation, settings)       the tab counts as answering from here; the answer's widget is built
       backend.start_answer(...)                  images and prompt off the GUI thread (app.service.backend)
-      message stored (complete=False), shown     began
+      message stored (complete=False), shown     began (answers ready together begin one per event-loop pass)
       async for result in job                    chunk_received, tokens_used; saved every save_interval_ms
       eos / stop / error                         saved with its stats; ended(notice, answered)
 
@@ -36,9 +36,13 @@ from app.service.reasoning import THINK, answer_only, format_stats, split
 from app.store import StoreError
 from app.ui.answer_saves import PendingSaves
 from app.ui.message_view import MessageWidget
-from app.ui.tasks import spawn
+from app.ui.tasks import OnePerPass, spawn
 
 log = logging.getLogger(__name__)
+
+# Tabs sent together get their prompts back together; each answer's beginning waits for GIL hand-offs while the
+# engine thread runs Python, so several in one pass of the event loop stalled the window (app/ui/tasks.py).
+_BEGIN_TURNS = OnePerPass()
 
 
 @dataclass
@@ -95,13 +99,18 @@ class ChatAnswer(QObject):
         store: Any,
         chat_id: int,
         saves: PendingSaves,
-        add_widget: Callable[[Any], MessageWidget],
+        new_widget: Callable[[], MessageWidget],
+        show_widget: Callable[[MessageWidget], Any],
         save_interval_ms: Callable[[], int],
         parent: QObject | None = None,
     ):
+        """`new_widget()` builds an answer's MessageWidget (its message id still None) without showing it;
+        `show_widget(widget)` puts it at the end of the conversation once its message is stored."""
         super().__init__(parent)
-        self.store, self.chat_id, self._saves, self._add_widget = store, chat_id, saves, add_widget
+        self.store, self.chat_id, self._saves = store, chat_id, saves
+        self._new_widget, self._show_widget = new_widget, show_widget
         self._save_interval_ms = save_interval_ms
+        self._widget: MessageWidget | None = None  # the next answer's, built when it is asked for
         self._job: AnswerJob | None = None
         self._task: asyncio.Task | None = None
         self._stream: _Stream | None = None
@@ -137,6 +146,10 @@ class ChatAnswer(QObject):
         self._preparing = True
         self._version_of = version_of
         self._stopping = False
+        # Built now, in the pass that asked (the user's click), not when the job starts: answers whose prompts come
+        # back together start together, and a widget costs tens of Qt calls, each a GIL hand-off while the engine runs.
+        self._widget = self._new_widget()
+        self._widget.set_streaming(True)
         coro = self._prepare_and_begin(backend, messages, images, system_prompt, settings, prompt_tokens)
         self._task = spawn(coro, name=f"prompt-{self.chat_id}")
 
@@ -154,6 +167,7 @@ class ChatAnswer(QObject):
         try:
             settings = GenerationSettings.from_dict(stored).seeded()
             job = await backend.start_answer(messages, system_prompt, images, settings, identifier=self.chat_id)
+            await _BEGIN_TURNS.take()
         except ModelSwapped:
             pass
         except ImageError as e:  # names the file
@@ -178,7 +192,8 @@ class ChatAnswer(QObject):
             spawn(job.cancel(), name=f"stopped-before-start-{self.chat_id}")
         elif job is not None:
             error = self._begin(job, settings, prompt_tokens, getattr(backend, "reasoning_format", THINK))
-        elif not error and not stopped:
+        self._drop_widget()  # an answer that did not begin never shows its widget (a model swap builds another)
+        if job is None and not error and not stopped:
             self.model_swapped.emit()
             return
         if self._job is None:  # nothing started: the tab is idle again
@@ -198,8 +213,9 @@ class ChatAnswer(QObject):
         except StoreError as e:
             spawn(job.cancel(), name=f"unsaved-chat-{self.chat_id}")
             return f"Could not start the answer: {e}"
-        widget = self._add_widget(answer)
-        widget.set_streaming(True)
+        widget, self._widget = self._widget, None
+        widget.message_id = answer.id
+        self._show_widget(widget)
         self._job = job
         self._stopping = False
         self._stream = _Stream(answer.id, widget, prompt_tokens, settings.json_mode, reasoning=reasoning)
@@ -265,6 +281,11 @@ class ChatAnswer(QObject):
         """Save the answer; what the store refuses stays in memory (and on screen) and is retried."""
         if self._saves.save(stream.message_id, text=stream.text, **fields):
             stream.saved_text = stream.text
+
+    def _drop_widget(self) -> None:
+        if self._widget is not None:
+            self._widget.deleteLater()  # parentless: Python owns it, but its signal lambdas would keep it alive
+            self._widget = None
 
     def _save_partial(self) -> None:
         stream = self._stream

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QTimer, Signal
@@ -64,7 +66,15 @@ class ChatTab(BranchingChat, AttachingImages, QWidget):
         self.setAcceptDrops(True)
 
         self._saves = PendingSaves(store, self, self.save_retry_ms)  # saves the store refused (a full disk)
-        self.answer = ChatAnswer(store, chat_id, self._saves, self._add_widget, lambda: self.save_interval_ms, self)
+        self.answer = ChatAnswer(
+            store,
+            chat_id,
+            self._saves,
+            self._new_answer_widget,
+            lambda widget: self.view.add_message(widget),  # (the view is built below)
+            lambda: self.save_interval_ms,
+            self,
+        )
         self.answer.began.connect(self._answer_began)
         self.answer.chunk_received.connect(lambda chunk: self.chunk_received.emit(self.chat_id, chunk))
         self.answer.tokens_used.connect(lambda used: self.context_meter.show_used(used, self.backend.context_length))
@@ -163,17 +173,25 @@ class ChatTab(BranchingChat, AttachingImages, QWidget):
         self.refresh_context_meter()
 
     def _add_widget(self, message: Any) -> MessageWidget:
-        widget = MessageWidget(
-            message.id,
-            message.role,
-            message.text,
-            image_paths=[self.store.attachment_path(sha) for sha in message.images],
-            stats=message.stats,
-        )
+        """Show a stored message at the end of the conversation."""
+        images = [self.store.attachment_path(sha) for sha in message.images]
+        return self.view.add_message(self._new_widget(message.id, message.role, message.text, images, message.stats))
+
+    def _new_widget(
+        self, message_id: int | None, role: str, text: str = "", images: Sequence[Path] = (), stats: dict | None = None
+    ) -> MessageWidget:
+        widget = MessageWidget(message_id, role, text, image_paths=images, stats=stats)
         widget.edit_requested.connect(self.begin_edit)
         widget.regenerate_requested.connect(self.regenerate)
         widget.version_requested.connect(self.switch_version)
-        return self.view.add_message(widget)
+        return widget
+
+    def _new_answer_widget(self) -> MessageWidget:
+        """The widget of an answer asked for, shown once the answer begins (ChatAnswer); its buttons are set as
+        they stay while it streams, so beginning touches no other widget."""
+        widget = self._new_widget(None, "assistant")
+        widget.set_actions(can_edit=False, can_regenerate=False)
+        return widget
 
     def _update_thinking_box(self) -> None:
         fmt = getattr(self.backend, "reasoning_format", None)
@@ -296,9 +314,11 @@ class ChatTab(BranchingChat, AttachingImages, QWidget):
         self.streaming_changed.emit(self.chat_id, True)
 
     def _answer_began(self) -> None:
-        self._regenerating = None  # its new version is stored: the visible thread runs through it now
-        self._update_controls()
-        self.streaming_changed.emit(self.chat_id, True)
+        # The controls were set for answering when the answer was asked for (_start_answer), and its widget came
+        # with its buttons set: only a new version of an answer changes a switch ("3/3"), so only it reads the tree.
+        if self._regenerating is not None:
+            self._regenerating = None  # its new version is stored: the visible thread runs through it now
+            self._show_versions(streaming=True)
 
     def _answer_ended(self, notice: str, answered: bool) -> None:
         self._branch_answer_ended(answered)

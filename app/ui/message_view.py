@@ -146,7 +146,7 @@ class MessageWidget(QFrame):
 
     def __init__(
         self,
-        message_id: int,
+        message_id: int | None,
         role: str,
         text: str = "",
         *,
@@ -155,7 +155,7 @@ class MessageWidget(QFrame):
         parent: QWidget | None = None,
     ):
         super().__init__(parent)
-        self.message_id = message_id
+        self.message_id = message_id  # None until stored: an answer's widget is built before its message is
         self.role = role
         self._text = text
         self._streaming = False

@@ -4,6 +4,7 @@ a fresh SQLite store per test under tmp_path (TANDEM_DATA_DIR points there), and
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +51,10 @@ def engine_service(qloop, tiny_folder):
         return await service.wait_loaded()
 
     assert qloop.run_until_complete(load())
+    # Building the tiny model (transformers) leaves ~300k young objects while automatic collection is off: the
+    # GUI thread's collector (app/gui_gc.py) took them in two ~220 ms collections inside the first test, which
+    # times the event loop (test_responsiveness.py, run alone). Collected here, as after every test.
+    gc.collect()
     yield service
     qloop.run_until_complete(service.close())
 

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import QApplication
 from app.service.memory_plan import PAGE_SIZE
 from app.store import Store
 from app.store.migrations import MIGRATIONS
+from app.ui.message_view import MessageWidget
 
 
 def send(tab, text: str) -> bool:
@@ -39,9 +40,16 @@ def switch(tab) -> list[tuple[str, bool, bool]]:
     ]
 
 
+def unshown_widgets() -> list[MessageWidget]:
+    """Message widgets with no parent: built and never put in a conversation."""
+    return [w for w in QApplication.topLevelWidgets() if isinstance(w, MessageWidget)]
+
+
 def test_regenerate_keeps_the_earlier_answer_as_a_version(window, engine_service, app_store, run, ui):
     tab = window.current_tab()
     tab.set_settings(ui.greedy_settings(engine_service, 6))
+    at_begin: list[list[tuple[str, bool, bool]]] = []  # the switches as each answer begins (off: it answers)
+    tab.answer.began.connect(lambda: at_begin.append(switch(tab)))
 
     async def go():
         assert send(tab, "Say something")
@@ -54,6 +62,8 @@ def test_regenerate_keeps_the_earlier_answer_as_a_version(window, engine_service
         await ui.wait_idle(window)
 
     run(go())
+    off = ("", False, False)
+    assert at_begin == [[off, off], [off, ("2/2", False, False)], [off, ("3/3", False, False)]]
     question, *answers = app_store.all_messages(tab.chat_id)
     assert [a.role for a in answers] == ["assistant"] * 3 and all(a.complete for a in answers)
     assert {a.parent_id for a in answers} == {question.id}
@@ -191,6 +201,8 @@ def test_a_regenerate_stopped_before_its_answer_starts_shows_the_old_answer(wind
         assert tab.regenerate()
         tab.stop()  # while the prompt is being built: the job never starts
         await ui.wait_idle(window)
+        # the answer's widget, built when it was asked for, is deleted unshown
+        await ui.wait_for(lambda: not unshown_widgets(), what="the unused answer widget's deletion")
         return before
 
     before = run(go())

@@ -1,10 +1,15 @@
-"""While four tabs stream, the GUI event loop never stalls: a 5 ms QTimer probe records the worst gap."""
+"""While four tabs stream, the GUI event loop never stalls: a 5 ms QTimer probe records the worst gap. Answers
+sent together begin cheaply (no widget built, no version tree read) and one per pass of the event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from PySide6.QtCore import QTimer
+
+from app.ui.chat_answer import ChatAnswer
+from app.ui.message_view import MessageWidget
 
 PROBE_MS = 5
 LIMIT_S = 0.050
@@ -52,3 +57,62 @@ def test_four_streaming_tabs_keep_the_event_loop_responsive(window, engine_servi
     )
     assert len(gaps) > 10
     assert worst < LIMIT_S, f"the GUI event loop stalled for {worst * 1000:.0f} ms while 4 tabs streamed"
+
+
+def test_answers_sent_together_begin_one_per_pass_building_nothing(
+    window, engine_service, app_store, run, ui, monkeypatch
+):
+    """Each answer's widget is built when it is asked for, and a new answer has one version: beginning (its message
+    stored, its widget shown) builds no widget and reads no version tree, each a run of GIL hand-offs while the
+    engine thread runs. Answers whose prompts come back together begin in separate passes of the event loop."""
+    tabs = [window.current_tab()]
+    tabs[0].set_settings(ui.greedy_settings(engine_service, 4))
+    tabs += [window.new_chat() for _ in range(3)]
+    passes, versions_read, widgets_built = [0], [0], [0]
+    begins: list[tuple[int, int, int]] = []  # (the pass it ran in, version trees read, widgets built)
+
+    real_versions = app_store.message_versions
+    real_init = MessageWidget.__init__
+    real_begin = ChatAnswer._begin
+
+    def message_versions(chat_id):
+        versions_read[0] += 1
+        return real_versions(chat_id)
+
+    def init(self, *args, **kwargs):
+        widgets_built[0] += 1
+        real_init(self, *args, **kwargs)
+
+    def begin(self, *args):
+        read, built = versions_read[0], widgets_built[0]
+        try:
+            return real_begin(self, *args)
+        finally:
+            begins.append((passes[0], versions_read[0] - read, widgets_built[0] - built))
+
+    monkeypatch.setattr(app_store, "message_versions", message_versions)
+    monkeypatch.setattr(MessageWidget, "__init__", init)
+    monkeypatch.setattr(ChatAnswer, "_begin", begin)
+
+    async def go():
+        loop = asyncio.get_running_loop()
+
+        def tick():  # runs once per pass of the loop
+            passes[0] += 1
+            if len(begins) < len(tabs):
+                loop.call_soon(tick)
+
+        loop.call_soon(tick)
+        for i, tab in enumerate(tabs):
+            tab.input.setPlainText(f"Question {i}")
+            assert tab.send()
+        await ui.wait_idle(window)
+
+    run(go())
+    assert [b[1:] for b in begins] == [(0, 0)] * len(tabs), begins
+    seen = [b[0] for b in begins]
+    assert all(a < b for a, b in zip(seen, seen[1:])), f"two answers began in one pass: {begins}"
+    for tab in tabs:  # each widget shown is its stored answer's
+        stored = app_store.messages(tab.chat_id)
+        assert [w.message_id for w in tab.message_widgets()] == [m.id for m in stored]
+        assert stored[-1].role == "assistant" and stored[-1].complete
