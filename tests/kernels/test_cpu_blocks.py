@@ -21,22 +21,7 @@ import torch.nn.functional as F
 from kernels.cpu import blocks as cpu_blocks
 from kernels.torch_ref import gguf_blocks, gguf_repack
 
-# byte offsets of each block's float16 fields (d, and m or dmin where the type has one)
-F16_FIELDS = {
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "Q8_0": (0,),
-    "IQ4_NL": (0,),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-    "Q2_K": (80, 82),
-    "Q3_K": (108,),
-    "IQ4_XS": (0,),
-}
-TYPES = list(F16_FIELDS)
+TYPES = list(gguf_blocks.F16_FIELDS)
 BLOCK32 = [t for t in TYPES if gguf_blocks.BLOCKS[t][0] == 32]
 
 
@@ -45,7 +30,7 @@ def random_blocks(num_rows: int, num_cols: int, type_name: str, seed: int) -> to
     rng = np.random.default_rng(seed)
     values, size = gguf_blocks.BLOCKS[type_name]
     blocks = rng.integers(0, 256, size=(num_rows * num_cols // values, size), dtype=np.uint8)
-    for offset in F16_FIELDS[type_name]:
+    for offset in gguf_blocks.F16_FIELDS[type_name]:
         values = rng.uniform(-0.02, 0.02, size=blocks.shape[0]).astype(np.float16)
         blocks[:, offset : offset + 2] = values.view(np.uint8).reshape(-1, 2)
     return torch.from_numpy(blocks.reshape(num_rows, -1))

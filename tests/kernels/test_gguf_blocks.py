@@ -14,11 +14,6 @@ import torch
 
 from kernels.torch_ref import gguf_blocks
 
-# byte offsets of each block's float16 fields (ggml's block structs)
-F16_FIELDS = {
-    "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,),
-    "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,),
-}  # fmt: skip
 TYPES = list(gguf_blocks.BLOCKS)
 
 
@@ -27,7 +22,7 @@ def random_blocks(type_name: str, num_rows: int, num_blocks: int, seed: int) -> 
     rng = np.random.default_rng(seed)
     size = gguf_blocks.BLOCKS[type_name][1]
     blocks = rng.integers(0, 256, size=(num_rows * num_blocks, size), dtype=np.uint8)
-    for offset in F16_FIELDS[type_name]:
+    for offset in gguf_blocks.F16_FIELDS[type_name]:
         values = rng.uniform(-0.05, 0.05, size=blocks.shape[0]).astype(np.float16)
         blocks[:, offset : offset + 2] = values.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(num_rows, -1)
@@ -54,7 +49,7 @@ def test_float16_fields_are_where_ggml_puts_them(type_name):
     the fields F16_FIELDS names are the block's only scales."""
     blocks = random_blocks(type_name, 2, 2, seed=5)
     doubled = blocks.reshape(-1, gguf_blocks.BLOCKS[type_name][1]).copy()
-    for offset in F16_FIELDS[type_name]:
+    for offset in gguf_blocks.F16_FIELDS[type_name]:
         field = doubled[:, offset : offset + 2].copy().view(np.float16) * np.float16(2)
         doubled[:, offset : offset + 2] = field.view(np.uint8)
     num_cols = 2 * gguf_blocks.BLOCKS[type_name][0]

@@ -16,25 +16,11 @@ import numpy as np
 import pytest
 import torch
 
+from kernels.torch_ref.gguf_blocks import F16_FIELDS
+
 # GGUF `general.architecture` for each transformers class, as llama.cpp's converter names them.
 GGUF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 
-# Byte offsets of the float16 scale fields in one block of each block-quantized type (ggml's block
-# structs), so random blocks can be made finite and of a sane size.
-F16_FIELDS = {
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "Q8_0": (0,),
-    "Q2_K": (80, 82),
-    "Q3_K": (108,),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-    "IQ4_NL": (0,),
-    "IQ4_XS": (0,),
-}
 
 # A small byte-level BPE vocabulary (GPT-2 kind): specials, lowercase letters, a space marker, merges.
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -63,15 +63,6 @@ def logits(model: Model, ids: list[int]) -> torch.Tensor:
         return model(torch.tensor(ids, device=model.device), batch.positions(), batch).float().cpu()
 
 
-def tensor_bytes(model: Model) -> int:
-    seen, total = set(), 0
-    for t in [*model.parameters(), *model.buffers()]:
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    return total
-
-
 @pytest.mark.parametrize("tied", [True, False])
 def test_k_quants_stay_in_their_blocks_and_compute_what_the_expanded_weights_do(gguf_kit, tied):
     written = q4_k_m(gguf_kit, tied)
