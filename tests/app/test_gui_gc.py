@@ -25,7 +25,6 @@ def test_objects_alive_at_start_are_frozen_and_later_cycles_are_collected(qapp):
         del later
         gc.collect()
         assert dead() is None  # a cycle made after the start is collected
-        assert gc.get_freeze_count() == frozen  # collections neither walk nor grow the frozen set
         assert kept.me is kept
     finally:
         collector.stop()
