@@ -32,6 +32,7 @@ from app.service.app_server import AppServer
 from app.service.remote_endpoints import saved_endpoint
 from app.ui.backend_switch import BackendSwitch
 from app.ui.chat_tab import DEFAULT_TITLE, ChatTab
+from app.ui.message_view import warm_up_code_highlighting
 from app.ui.remote_dialog import ask_remote
 from app.ui.sampler_panel import SamplerPanel
 from app.ui.server_panel import ServerPanel
@@ -118,6 +119,7 @@ class MainWindow(ChatFiles, ModelSide, QMainWindow):
         if service.is_loaded:
             self._model_loaded(service.model_name)
         self._restore()
+        warm_up_code_highlighting()  # on a worker, while the user picks a model and types
 
     # --- actions --------------------------------------------------------------------------------------------
 
