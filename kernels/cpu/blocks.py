@@ -5,8 +5,9 @@ kernels/torch_ref/gguf_repack.py's, named by the type with "x16" after it, the s
 
 On CPUs with AVX512-VNNI both quantize x to 8 bits per block of the weight's type (256 or 32 values) and sum
 integer products, as llama.cpp does (2.1x faster than bfloat16 dot products on the same weights,
-kquant_matmul.c says how it was measured). Both do the same on AVX2 (block32_avx2.h, kquant_avx2.h, outputs
-equal to the bit); elsewhere they multiply bfloat16 x as it is.
+kquant_matmul.c says how it was measured). Both do the same on AVX2 (block32_avx2.h, kquant_avx2.h: outputs
+equal to the bit, but for Q4_K, Q5_K and Q6_K, whose sub-block scales are applied in int32 there, within
+rounding); elsewhere they multiply bfloat16 x as it is.
 
 Every row count (decode steps, speculative steps, prompts) goes through the kernel, and each row's result is
 independent of the others. Anything else (another type, float32 x, CUDA, no compiler) returns None and the

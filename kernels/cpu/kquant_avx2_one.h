@@ -12,17 +12,20 @@
 static inline __attribute__((always_inline)) void tile_q45k_one(const int five, const uint8_t *t, int64_t b,
                                                                 int64_t blocks, const Quantized *q, int64_t k,
                                                                 int64_t row, __m256 *acc) {
-    const __m256i low4 = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
-    const __m256i m6 = _mm256_set1_epi32(0x3f3f3f3f), m4 = _mm256_set1_epi32(0x0f0f0f0f), m2 = _mm256_set1_epi32(0x03030303);
+    const __m256i low4 = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16);
     const int64_t rb = row * blocks + b;
-    const __m256 dx = _mm256_set1_ps(q->dx[rb]);
     const int8_t *xq = q->xq + row * k + b * QK;
     const uint8_t *qs = t + qk_qs(five ? TYPE_Q5_K : TYPE_Q4_K);
-    __m256 minus[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int j = 0; j < 8; j++) { /* sub-block j: the low (even j) or high (odd j) nibbles of chunk j / 2 */
         const int c = j / 2, high = j % 2;
+        __m256i scale[2];
+        for (int half = 0; half < 2; half++) { /* reloaded per sub-block: held, they would take 8 registers */
+            __m256i scales[2], mins[2];
+            q45k_scales(t, half, scales, mins);
+            scale[half] = lane_byte_x2(scales[j / 4], j % 4);
+        }
         __m256i pairs[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-        __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         for (int quad = 0; quad < 8; quad++) {
             const __m256i xb = bcast4(xq + 32 * j + 4 * quad);
             for (int half = 0; half < 2; half++) {
@@ -35,50 +38,43 @@ static inline __attribute__((always_inline)) void tile_q45k_one(const int five, 
                 }
                 pairs[half] = _mm256_add_epi16(pairs[half], _mm256_maddubs_epi16(u, xb));
             }
-            if (quad % (five ? 4 : 8) == (five ? 3 : 7)) { /* as dot_quads: u <= 31 or 15 keeps int16 exact */
+            if (quad % (five ? 4 : 8) == (five ? 3 : 7)) { /* as dot_quads_scaled: u <= 31 or 15 keeps int16 exact */
                 for (int half = 0; half < 2; half++) {
-                    dot[half] = _mm256_add_epi32(dot[half], _mm256_madd_epi16(pairs[half], ones));
+                    sums[half] = _mm256_add_epi32(sums[half], _mm256_madd_epi16(pairs[half], scale[half]));
                     pairs[half] = _mm256_setzero_si256();
                 }
             }
         }
-        for (int half = 0; half < 2; half++) {
-            /* sub-block j's 6-bit scale and min of each row: kquant_avx2.h's lane bytes of its three words */
-            const uint8_t *s = t + QKT_SCALES + 32 * half;
-            const __m256i w0 = _mm256_loadu_si256((const __m256i *)s), w1 = _mm256_loadu_si256((const __m256i *)(s + 64)),
-                          w2 = _mm256_loadu_si256((const __m256i *)(s + 128));
-            const __m256i scales = j < 4 ? _mm256_and_si256(w0, m6)
-                                         : _mm256_or_si256(_mm256_and_si256(w2, m4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w0, 6), m2), 4));
-            const __m256i mins = j < 4 ? _mm256_and_si256(w1, m6)
-                                       : _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), m4),
-                                                         _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w1, 6), m2), 4));
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + QKT_D + 16 * half)));
-            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + QKT_DMIN + 16 * half)));
-            const __m256 scale = _mm256_mul_ps(d, lane_byte(scales, j % 4));
-            const __m256 min = _mm256_mul_ps(dmin, lane_byte(mins, j % 4));
-            acc[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[half]), _mm256_mul_ps(scale, dx), acc[half]);
-            minus[half] = _mm256_fmadd_ps(min, _mm256_set1_ps(q->dx[rb] * (float)q->xs[rb * 16 + j]), minus[half]);
-        }
     }
-    for (int half = 0; half < 2; half++) acc[half] = _mm256_sub_ps(acc[half], minus[half]);
+    for (int half = 0; half < 2; half++) {
+        __m256i scales[2], mins[2];
+        q45k_scales(t, half, scales, mins);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + QKT_D + 16 * half)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + QKT_DMIN + 16 * half)));
+        acc[half] = q45k_finish(acc[half], sums[half], q45k_min_sum(mins, q->xs + rb * 16), d, dmin, q->dx[rb]);
+    }
 }
 
 static inline __attribute__((always_inline)) void tile_q6k_one(const uint8_t *t, int64_t b, int64_t blocks,
                                                                const Quantized *q, int64_t k, int64_t row, __m256 *acc) {
-    const __m256i low4 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+    const __m256i low4 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
     const int64_t rb = row * blocks + b;
-    const __m256 dx = _mm256_set1_ps(q->dx[rb]);
     const int8_t *xq = q->xq + row * k + b * QK;
+    __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int h = 0; h < 2; h++) {
         for (int s = 0; s < 4; s++) { /* values 128h + 32s + l: sub-blocks 8h + 2s and 8h + 2s + 1 */
+            const int j = 8 * h + 2 * s;
             for (int part = 0; part < 2; part++) {
-                const int j = 8 * h + 2 * s + part;
-                __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-                for (int pair = 0; pair < 2; pair++) { /* as dot_quads(.., 4, 2): two quads' int16 pairs, u <= 63 */
+                __m256i scale[2]; /* sub-block j + part's scales, made here: all four held with the rest would spill */
+                for (int half = 0; half < 2; half++) {
+                    const __m256i a = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(t + Q6T_SCALES + 16 * (j + part) + 8 * half)));
+                    scale[half] = int16_pair(a, a);
+                }
+                for (int two = 0; two < 2; two++) { /* as dot_quads_scaled(.., 4, 2): two quads' int16 pairs, u <= 63 */
                     __m256i pairs[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
                     for (int i = 0; i < 2; i++) {
-                        const int quad = 4 * part + 2 * pair + i;
-                        const __m256i xb = bcast4(xq + 16 * j + 4 * (2 * pair + i));
+                        const int quad = 4 * part + 2 * two + i;
+                        const __m256i xb = bcast4(xq + 16 * (j + part) + 4 * (2 * two + i));
                         for (int half = 0; half < 2; half++) {
                             const __m256i low = _mm256_loadu_si256((const __m256i *)(t + Q6T_QL + 64 * (16 * h + 8 * (s & 1) + quad) + 32 * half));
                             const __m256i hi = _mm256_loadu_si256((const __m256i *)(t + Q6T_QH + 64 * (8 * h + quad) + 32 * half));
@@ -87,18 +83,21 @@ static inline __attribute__((always_inline)) void tile_q6k_one(const uint8_t *t,
                             pairs[half] = _mm256_add_epi16(pairs[half], _mm256_maddubs_epi16(u, xb));
                         }
                     }
-                    for (int half = 0; half < 2; half++) dot[half] = _mm256_add_epi32(dot[half], _mm256_madd_epi16(pairs[half], ones));
-                }
-                for (int half = 0; half < 2; half++) {
-                    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + Q6T_D + 16 * half)));
-                    const __m256 scale = _mm256_mul_ps(
-                        d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(t + Q6T_SCALES + 16 * j + 8 * half)))));
-                    /* q - 32: the sub-block's 32 * sum of xq comes off in int32 */
-                    const __m256i shifted = _mm256_sub_epi32(dot[half], _mm256_set1_epi32(32 * q->xs[rb * 16 + j]));
-                    acc[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(shifted), _mm256_mul_ps(scale, dx), acc[half]);
+                    for (int half = 0; half < 2; half++)
+                        sums[half] = _mm256_add_epi32(sums[half], _mm256_madd_epi16(pairs[half], scale[half]));
                 }
             }
+            for (int half = 0; half < 2; half++) {
+                __m256i x2[2], pair;
+                q6k_scales(t, half, j, x2, &pair);
+                sums[half] = _mm256_sub_epi32(sums[half], q6k_offset(pair, q->xs + rb * 16 + j));
+            }
         }
+    }
+    const __m256 dx = _mm256_set1_ps(q->dx[rb]);
+    for (int half = 0; half < 2; half++) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + Q6T_D + 16 * half)));
+        acc[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[half]), _mm256_mul_ps(d, dx), acc[half]);
     }
 }
 

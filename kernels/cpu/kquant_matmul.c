@@ -30,7 +30,8 @@
    [8192, 2048] Q4_K weight (cache-warm) from 0.21 to 0.12 ms, 512 rows from 35 to 22.5 ms (dense bfloat16:
    18.5), and one row of a [49152, 2048] one (past the L3) from 1.5 to 0.64 ms (AMD EPYC, 2 threads). kernels/torch_ref/gguf_blocks.py's linear_q8 is its twin.
    CPUs with AVX2 but not AVX-512 (most laptops) take the same path in kquant_avx2.h, with the same integer
-   sums and float steps, so their outputs are the same to the bit. Elsewhere a plain C loop multiplies the
+   sums; Q2_K, Q3_K and IQ4_XS also with the same float steps (outputs the same to the bit), while Q4_K, Q5_K
+   and Q6_K scale sub-blocks in int32 there (outputs within rounding). Elsewhere a plain C loop multiplies the
    weights, decoded to float32, with x as it is (twin: linear).
 
    Each output depends only on its row of x and its row of the weight, in an order fixed by k: a row's result

@@ -2,7 +2,9 @@
 tests as test_cpu_blocks.py, in a child process so the other build is loaded there and nowhere else.
 TANDEM_CPU_KERNEL_ARCH=x86-64-v3 (AVX2 without AVX-512, most laptops) takes the AVX2 8-bit paths of both
 kernels (block32_avx2.h, kquant_avx2.h); x86-64 (SSE2 only) takes their plain C loops. On a CPU with
-AVX512-VNNI the AVX2 paths must also give the AVX-512 paths' outputs to the bit (they share their arithmetic).
+AVX512-VNNI the AVX2 paths must also give the AVX-512 paths' outputs to the bit where they share their arithmetic
+(the 32-value types, Q2_K, Q3_K, IQ4_XS), and within rounding where the AVX2 path scales Q4_K, Q5_K and Q6_K's
+sub-blocks in int32 (one float multiply-add per super-block, the VNNI path one per sub-block).
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ torch.save(out, sys.argv[1])
 """
 
 
+INTEGER_SCALED = ("Q4_K", "Q5_K", "Q6_K")  # kquant_avx2.h's sub-block scales in int32
+
+
 @pytest.mark.skipif("avx512_vnni" not in Path("/proc/cpuinfo").read_text(), reason="needs an AVX512-VNNI CPU")
 def test_avx2_path_gives_the_avx512_paths_outputs_to_the_bit(tmp_path):
     outputs = {}
@@ -64,4 +69,9 @@ def test_avx2_path_gives_the_avx512_paths_outputs_to_the_bit(tmp_path):
     for type_name, (path, native) in outputs["native"].items():
         avx2_path, avx2 = outputs["x86-64-v3"][type_name]
         assert (path, avx2_path) == (2, 1)
-        assert torch.equal(native, avx2), type_name
+        if type_name in INTEGER_SCALED:
+            # the same exact int32 sums, added in float in another order: bf16 outputs a rounding step apart
+            allowed = 2**-7 * native.float().abs() + 1e-4 * native.float().abs().max()
+            assert ((native.float() - avx2.float()).abs() <= allowed).all(), type_name
+        else:
+            assert torch.equal(native, avx2), type_name
