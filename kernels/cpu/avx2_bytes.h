@@ -24,4 +24,39 @@ static inline __m256i bits_to_bytes(uint32_t bits) {
     return _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi8(-1));
 }
 
+/* The largest magnitude of n bf16 values (n a multiple of 8): exact, whatever the order; a NaN is passed over,
+   as the scalar `a > amax ? a : amax` does (vmaxps returns its second operand when either is NaN). */
+static inline float bf16_amax(const uint16_t *x, int n) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) {
+        const __m256i bits = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i))), 16);
+        amax = _mm256_max_ps(_mm256_and_ps(_mm256_castsi256_ps(bits), magnitude), amax);
+    }
+    float lanes[8], best = 0.0f;
+    _mm256_storeu_ps(lanes, amax);
+    for (int i = 0; i < 8; i++) best = lanes[i] > best ? lanes[i] : best;
+    return best;
+}
+
+/* n bf16 values (n a multiple of 32) divided by dx, rounded to nearest even and saturated to int8, into q (all
+   zeros when dx is 0): the scalar clamp of each int32 to [-128, 127], in two saturating packs. */
+static inline void bf16_to_int8(const uint16_t *x, int n, float dx, int8_t *q) {
+    if (!(dx > 0.0f)) {
+        memset(q, 0, (size_t)n);
+        return;
+    }
+    const __m256 d = _mm256_set1_ps(dx);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* the packs interleave 128-bit halves */
+    for (int i = 0; i < n; i += 32) {
+        __m256i r[4];
+        for (int j = 0; j < 4; j++) {
+            const __m256i bits = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i + 8 * j))), 16);
+            r[j] = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_castsi256_ps(bits), d));
+        }
+        const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+        _mm256_storeu_si256((__m256i *)(q + i), _mm256_permutevar8x32_epi32(bytes, order));
+    }
+}
+
 #endif

@@ -22,31 +22,19 @@ typedef struct {
     int32_t *total; /* [rows, blocks]: the block's sum of xq */
 } Quantized;
 
-static void quantize_rows(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k, Quantized *q) {
+static void quantize_rows(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k, Quantized *q, int64_t num_threads) {
     const int64_t blocks = k / QB;
+    /* by rows over the threads, as kquant_avx2.h's */
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && rows > 1 && rows * k >= 65536)
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t b = 0; b < blocks; b++) {
             const uint16_t *xb = x + r * x_stride + b * QB;
-            float v[QB], amax = 0.0f;
-            for (int i = 0; i < QB; i++) {
-                v[i] = bf16_to_float(xb[i]);
-                const float a = v[i] < 0 ? -v[i] : v[i];
-                amax = a > amax ? a : amax;
-            }
-            const float dx = amax / 127.0f;
+            /* divide, then round to nearest even and saturate: as the AVX-512 path does */
+            const float dx = bf16_amax(xb, QB) / 127.0f;
+            int8_t *xq = q->xq + r * k + b * QB;
+            bf16_to_int8(xb, QB, dx, xq);
             int32_t total = 0;
-            for (int i = 0; i < QB; i += 8) {
-                /* divide, then round to nearest even: as the AVX-512 path does */
-                const __m256i rounded = dx > 0.0f ? _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(v + i), _mm256_set1_ps(dx)))
-                                                  : _mm256_setzero_si256();
-                int32_t lanes[8];
-                _mm256_storeu_si256((__m256i *)lanes, rounded);
-                for (int j = 0; j < 8; j++) {
-                    const int32_t value = lanes[j] > 127 ? 127 : lanes[j] < -128 ? -128 : lanes[j];
-                    q->xq[r * k + b * QB + i + j] = (int8_t)value;
-                    total += value;
-                }
-            }
+            for (int i = 0; i < QB; i++) total += xq[i];
             q->dx[r * blocks + b] = dx;
             q->sums[r * blocks + b] = dx * (float)total;
             q->total[r * blocks + b] = total;
@@ -131,7 +119,7 @@ static int matmul_q8(int type, Layout l, const uint16_t *x, int64_t x_stride, co
         free(q.xq), free(q.dx), free(q.sums), free(q.total);
         return -1;
     }
-    quantize_rows(x, x_stride, rows, k, &q);
+    quantize_rows(x, x_stride, rows, k, &q, num_threads);
     const int64_t per_chunk = rows > MAX_ROWS ? CHUNK_GROUPS : 1, chunks = (groups + per_chunk - 1) / per_chunk;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && groups >= 4)
     for (int64_t chunk = 0; chunk < chunks; chunk++) {
