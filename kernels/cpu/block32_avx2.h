@@ -42,59 +42,96 @@ static void quantize_rows(const uint16_t *x, int64_t x_stride, int64_t rows, int
     }
 }
 
+/* One block column of one half of a tile (8 weight rows, `t` the tile) against rows first .. first + rows - 1 of
+   the quantized x: acc[r] lane i += output row 8 * half + i. */
+static inline __attribute__((always_inline)) void block_half(const int type, const Layout l, const uint8_t *t, int64_t b,
+                                                             int64_t blocks, const Quantized *q, int64_t k, int half,
+                                                             int64_t first, int64_t rows, __m256 *acc) {
+    const __m256i low4 = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KVALUES_U8));
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    const int is_signed = type == TYPE_Q8_0 || type == TYPE_IQ4_NL;
+    const uint8_t *qs = t + qs_offset(l) + 32 * half;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 16 * half)));
+    __m256 c; /* w = d * u + c */
+    if (l.has_min)
+        c = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 32 + 16 * half)));
+    else
+        c = _mm256_mul_ps(d, _mm256_set1_ps(type == TYPE_Q4_0 ? -8.0f : type == TYPE_Q5_0 ? -16.0f : -128.0f));
+    __m256i u[8], sign[8]; /* u: values 4j .. 4j + 3 of the 8 rows; for the signed types |s| and s */
+    if (type == TYPE_Q8_0) {
+        for (int j = 0; j < 8; j++) sign[j] = _mm256_loadu_si256((const __m256i *)(qs + 64 * j));
+    } else {
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * j));
+            u[j] = _mm256_and_si256(v, low4);
+            u[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        }
+        if (l.has_high) {
+            const uint8_t *masks = t + 32 * (1 + l.has_min);
+            for (int j = 0; j < 8; j++) {
+                uint32_t bits;
+                memcpy(&bits, masks + 8 * j + 4 * half, 4);
+                u[j] = _mm256_add_epi8(u[j], _mm256_and_si256(bits_to_bytes(bits), sixteen));
+            }
+        }
+        if (type == TYPE_IQ4_NL)
+            for (int j = 0; j < 8; j++) sign[j] = _mm256_xor_si256(_mm256_shuffle_epi8(table, u[j]), flip);
+    }
+    if (is_signed)
+        for (int j = 0; j < 8; j++) u[j] = _mm256_abs_epi8(sign[j]);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t row = first + r;
+        const int8_t *xq = q->xq + row * k + b * QB;
+        __m256i dot = is_signed ? _mm256_set1_epi32(128 * q->total[row * blocks + b]) : _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i xj = bcast4(xq + 4 * j);
+            if (is_signed) xj = _mm256_sign_epi8(xj, sign[j]);
+            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(u[j], xj), ones));
+        }
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(q->dx[row * blocks + b])), acc[r]);
+        acc[r] = _mm256_fmadd_ps(c, _mm256_set1_ps(q->sums[row * blocks + b]), acc[r]);
+    }
+}
+
 /* One half (8 weight rows) of one group's tiles against rows first .. first + rows - 1 of the quantized x:
    acc[r] lane i += output row 8 * half + i. */
 static inline __attribute__((always_inline)) void half_q8(const int type, const Layout l, const uint8_t *tiles,
                                                           int64_t blocks, const Quantized *q, int64_t k, int half,
                                                           int64_t first, int64_t rows, __m256 *acc) {
-    const __m256i low4 = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KVALUES_U8));
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
-    const int is_signed = type == TYPE_Q8_0 || type == TYPE_IQ4_NL;
     const int64_t tile_bytes = (int64_t)GROUP * l.block_bytes;
     for (int64_t b = 0; b < blocks; b++) {
-        const uint8_t *t = tiles + b * tile_bytes, *qs = t + qs_offset(l) + 32 * half;
+        const uint8_t *t = tiles + b * tile_bytes;
         for (int64_t line = 0; line < tile_bytes; line += 64) _mm_prefetch((const char *)t + PREFETCH_BYTES + line, _MM_HINT_T0);
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 16 * half)));
-        __m256 c; /* w = d * u + c */
-        if (l.has_min)
-            c = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 32 + 16 * half)));
-        else
-            c = _mm256_mul_ps(d, _mm256_set1_ps(type == TYPE_Q4_0 ? -8.0f : type == TYPE_Q5_0 ? -16.0f : -128.0f));
-        __m256i u[8], sign[8]; /* u: values 4j .. 4j + 3 of the 8 rows; for the signed types |s| and s */
-        if (type == TYPE_Q8_0) {
-            for (int j = 0; j < 8; j++) sign[j] = _mm256_loadu_si256((const __m256i *)(qs + 64 * j));
-        } else {
-            for (int j = 0; j < 4; j++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * j));
-                u[j] = _mm256_and_si256(v, low4);
-                u[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-            }
-            if (l.has_high) {
-                const uint8_t *masks = t + 32 * (1 + l.has_min);
-                for (int j = 0; j < 8; j++) {
-                    uint32_t bits;
-                    memcpy(&bits, masks + 8 * j + 4 * half, 4);
-                    u[j] = _mm256_add_epi8(u[j], _mm256_and_si256(bits_to_bytes(bits), sixteen));
-                }
-            }
-            if (type == TYPE_IQ4_NL)
-                for (int j = 0; j < 8; j++) sign[j] = _mm256_xor_si256(_mm256_shuffle_epi8(table, u[j]), flip);
-        }
-        if (is_signed)
-            for (int j = 0; j < 8; j++) u[j] = _mm256_abs_epi8(sign[j]);
-        for (int64_t r = 0; r < rows; r++) {
-            const int64_t row = first + r;
-            const int8_t *xq = q->xq + row * k + b * QB;
-            __m256i dot = is_signed ? _mm256_set1_epi32(128 * q->total[row * blocks + b]) : _mm256_setzero_si256();
-            for (int j = 0; j < 8; j++) {
-                __m256i xj = bcast4(xq + 4 * j);
-                if (is_signed) xj = _mm256_sign_epi8(xj, sign[j]);
-                dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(u[j], xj), ones));
-            }
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(q->dx[row * blocks + b])), acc[r]);
-            acc[r] = _mm256_fmadd_ps(c, _mm256_set1_ps(q->sums[row * blocks + b]), acc[r]);
-        }
+        block_half(type, l, t, b, blocks, q, k, half, first, rows, acc);
+    }
+}
+
+/* One group's tiles (16 weight rows) against row `row` of x, a decode step's: both halves of each tile in one
+   pass (acc[half] lane i += output row 8 * half + i), where half_q8 would pass over the group twice and read
+   every 64-byte line again for its other half. Per output row the steps are half_q8's, so a row's result
+   does not depend on how many rows came with it. */
+static inline __attribute__((always_inline)) void group_one_q8(const int type, const Layout l, const uint8_t *tiles,
+                                                               int64_t blocks, const Quantized *q, int64_t k,
+                                                               int64_t row, __m256 *acc) {
+    const int64_t tile_bytes = (int64_t)GROUP * l.block_bytes;
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *t = tiles + b * tile_bytes;
+        for (int64_t line = 0; line < tile_bytes; line += 64) _mm_prefetch((const char *)t + PREFETCH_BYTES + line, _MM_HINT_T0);
+        block_half(type, l, t, b, blocks, q, k, 0, row, 1, acc);
+        block_half(type, l, t, b, blocks, q, k, 1, row, 1, acc + 1);
+    }
+}
+
+static void group_one(int type, const uint8_t *tiles, int64_t blocks, const Quantized *q, int64_t k, int64_t row,
+                      __m256 *acc) {
+    switch (type) {
+    case TYPE_Q4_0: group_one_q8(TYPE_Q4_0, (Layout){18, 0, 0}, tiles, blocks, q, k, row, acc); break;
+    case TYPE_Q4_1: group_one_q8(TYPE_Q4_1, (Layout){20, 1, 0}, tiles, blocks, q, k, row, acc); break;
+    case TYPE_Q5_0: group_one_q8(TYPE_Q5_0, (Layout){22, 0, 1}, tiles, blocks, q, k, row, acc); break;
+    case TYPE_Q5_1: group_one_q8(TYPE_Q5_1, (Layout){24, 1, 1}, tiles, blocks, q, k, row, acc); break;
+    case TYPE_Q8_0: group_one_q8(TYPE_Q8_0, (Layout){34, 0, 0}, tiles, blocks, q, k, row, acc); break;
+    default: group_one_q8(TYPE_IQ4_NL, (Layout){18, 0, 0}, tiles, blocks, q, k, row, acc); break;
     }
 }
 
@@ -127,6 +164,16 @@ static int matmul_q8(int type, Layout l, const uint16_t *x, int64_t x_stride, co
         for (int64_t first = 0; first < rows; first += MAX_ROWS) {
             const int64_t tile = rows - first < MAX_ROWS ? rows - first : MAX_ROWS;
             for (int64_t g = chunk * per_chunk; g < end; g++) {
+                if (tile == 1) { /* a decode step's row: both halves in one pass */
+                    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+                    group_one(type, w + g * group_bytes, blocks, &q, k, first, acc);
+                    float lanes[16];
+                    _mm256_storeu_ps(lanes, acc[0]);
+                    _mm256_storeu_ps(lanes + 8, acc[1]);
+                    uint16_t *o = out + first * out_stride + g * GROUP;
+                    for (int i = 0; i < 16; i++) o[i] = float_to_bf16(lanes[i]);
+                    continue;
+                }
                 for (int half = 0; half < 2; half++) {
                     __m256 acc[MAX_ROWS];
                     for (int64_t r = 0; r < tile; r++) acc[r] = _mm256_setzero_ps();
