@@ -101,6 +101,7 @@ bind_linear_blocks = cpu_blocks.bind_linear
 bind_rms_norm = cpu_elementwise.bind_rms_norm
 bind_rope = cpu_elementwise.bind_rope
 bind_silu_and_mul = cpu_elementwise.bind_silu_and_mul
+bind_write_slots = cpu_elementwise.bind_write_slots
 bind_paged_decode = cpu_attention.bind_decode
 PlanError = cpu_plan.PlanError
 

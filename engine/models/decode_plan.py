@@ -136,11 +136,19 @@ def _record_layer(plan, layer, k_cache, v_cache, inputs: _Inputs, x, residual):
     ):
         return None
 
-    def write_kv(pages=inputs.pages, offsets=inputs.offsets) -> None:  # as the twin writes a CPU cache
-        k_cache.index_put_((pages, offsets), k)
-        v_cache.index_put_((pages, offsets), v)
+    writes = [
+        ops.bind_write_slots(new, cache, inputs.pages, inputs.offsets) for new, cache in ((k, k_cache), (v, v_cache))
+    ]
+    if all(writes):
+        for write in writes:
+            plan.add(write)
+    else:
 
-    plan.add_python(write_kv)
+        def write_kv(pages=inputs.pages, offsets=inputs.offsets) -> None:  # as the twin writes a CPU cache
+            k_cache.index_put_((pages, offsets), k)
+            v_cache.index_put_((pages, offsets), v)
+
+        plan.add_python(write_kv)
     o = plan.buffer(rows, heads, dim)
     window = attn.sliding_window
     if not plan.add(

@@ -1,4 +1,5 @@
-"""RMSNorm, rotary embedding and SiLU-and-multiply on bfloat16 CPU tensors through elementwise.c.
+"""RMSNorm, rotary embedding and SiLU-and-multiply on bfloat16 CPU tensors through elementwise.c, and the copy
+of a decode step's keys and values into their cache slots (bind_write_slots, for a decode plan).
 
 Each takes its op for bfloat16 CPU tensors whose last axis is contiguous and returns None for anything else
 (float32 and float16 models, CUDA, odd strides), which goes on to the torch twin.
@@ -19,11 +20,12 @@ _SIGNATURES = {
     "rms_norm_bf16": (_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, ctypes.c_float, _i64),
     "rope_bf16": (_ptr, _i64, _ptr, _ptr, _ptr) + (_i64,) * 5,
     "silu_and_mul_bf16": (_ptr, _i64, _ptr, _i64, _i64, _i64),
+    "write_slots": (_ptr, _i64, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr) + (_i64,) * 5,
 }
 
 
-def _kernel(name: str):
-    return build.function("elementwise", name, _SIGNATURES[name])
+def _kernel(name: str, restype=None):
+    return build.function("elementwise", name, _SIGNATURES[name], restype)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor | None:
@@ -140,3 +142,34 @@ def bind_silu_and_mul(x, out, threads) -> tuple[Callable, tuple] | None:
     if fn is None or not out.is_contiguous() or x.stride(1) != 1:
         return None
     return fn, (x.data_ptr(), x.stride(0), out.data_ptr(), x.shape[0], x.shape[1] // 2, threads)
+
+
+def bind_write_slots(src, cache, pages, offsets) -> tuple[Callable, tuple] | None:
+    """The kernel and its arguments for cache[pages[i], offsets[i]] = src[i], or None: src [rows, heads, dim]
+    and cache [num_pages, page_size, heads, dim] (any strides, each head's row contiguous) of one dtype on the
+    CPU, pages and offsets contiguous int64 [rows]. The call returns -1 for a slot outside the cache."""
+    rows, heads, dim = src.shape
+    if cache.device.type != "cpu" or cache.dim() != 4 or cache.dtype != src.dtype or cache.shape[2:] != src.shape[1:]:
+        return None
+    if cache.stride(3) != 1 or src.stride(2) != 1:
+        return None
+    if any(t.dtype != torch.int64 or t.shape != (rows,) or not t.is_contiguous() for t in (pages, offsets)):
+        return None
+    fn = _kernel("write_slots", ctypes.c_int)
+    if fn is None:
+        return None
+    size = cache.element_size()
+    return fn, (
+        src.data_ptr(),
+        src.stride(0) * size,
+        src.stride(1) * size,
+        cache.data_ptr(),
+        *(stride * size for stride in cache.stride()[:3]),
+        pages.data_ptr(),
+        offsets.data_ptr(),
+        cache.shape[0],
+        cache.shape[1],
+        rows,
+        heads,
+        dim * size,
+    )

@@ -97,3 +97,30 @@ def test_declines_what_it_does_not_handle():
     assert cpu.apply_rope(q.float(), cos, sin) is None
     assert cpu.silu_and_mul(randn(4, 7)) is None  # no even split into gate and up
     assert cpu.silu_and_mul(randn(4, 64).float()) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_write_slots_puts_a_steps_rows_where_index_put_does(dtype):
+    """The decode plan's copy of new keys into their slots, on the CPU cache's head-major memory (a permuted
+    view, as engine/cache makes it), with k a view into a wider projection output as v is there."""
+    cache = torch.zeros(6, 3, 8, 16, dtype=dtype).permute(0, 2, 1, 3)  # [pages, page_size, heads, dim]
+    want = cache.clone()
+    qkv = torch.randn(4, 5 * 3 * 16).to(dtype)
+    new = qkv[:, 16:64].view(4, 3, 16)  # rows 240 values apart
+    pages, offsets = torch.tensor([5, 0, 5, 2]), torch.tensor([7, 0, 6, 3])
+    call = cpu.bind_write_slots(new, cache, pages, offsets)
+    assert call is not None and call[0](*call[1]) == 0
+    want.index_put_((pages, offsets), new)
+    assert torch.equal(cache, want)
+    pages[2] = 6  # past the last page: nothing is written, and the plan is told
+    before = cache.clone()
+    assert call[0](*call[1]) == -1 and torch.equal(cache, before)
+
+
+def test_write_slots_declines_what_it_does_not_handle():
+    cache = torch.zeros(2, 4, 2, 8, dtype=torch.bfloat16)
+    new, slots = torch.zeros(1, 2, 8, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64)
+    assert cpu.bind_write_slots(new.float(), cache, slots, slots) is None  # another dtype than the cache's
+    assert cpu.bind_write_slots(new, cache, slots.int(), slots) is None  # int32 slots
+    heads_apart = torch.zeros(2, 4, 8, 2, dtype=torch.bfloat16).transpose(2, 3)  # [2, 4, 2, 8], a head's row strided
+    assert cpu.bind_write_slots(new, heads_apart, slots, slots) is None
