@@ -1,5 +1,6 @@
 /* Shared by the AVX2 8-bit block kernels (block32_avx2.h, kquant_avx2.h): byte moves AVX2 lacks an
-   instruction for. Each kernel is compiled as its own library, so they meet here rather than in one .c. */
+   instruction for, x's quantization to int8, and the store of a 16-row group's sums. Each kernel is compiled as
+   its own library, so they meet here rather than in one .c. */
 
 #ifndef TANDEM_CPU_AVX2_BYTES_H
 #define TANDEM_CPU_AVX2_BYTES_H
@@ -7,6 +8,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "bf16.h"
 
 /* Four int8 values, broadcast to every 32-bit lane. */
 static inline __m256i bcast4(const int8_t *p) {
@@ -57,6 +60,14 @@ static inline void bf16_to_int8(const uint16_t *x, int n, float dx, int8_t *q) {
         const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
         _mm256_storeu_si256((__m256i *)(q + i), _mm256_permutevar8x32_epi32(bytes, order));
     }
+}
+
+/* A 16-row group's float32 sums for one row of x (acc[0] rows 0-7, acc[1] rows 8-15) rounded to bf16 into o. */
+static inline void store_bf16x16(uint16_t *o, const __m256 *acc) {
+    float lanes[16];
+    _mm256_storeu_ps(lanes, acc[0]);
+    _mm256_storeu_ps(lanes + 8, acc[1]);
+    for (int i = 0; i < 16; i++) o[i] = float_to_bf16(lanes[i]);
 }
 
 #endif

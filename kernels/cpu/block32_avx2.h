@@ -167,11 +167,7 @@ static int matmul_q8(int type, Layout l, const uint16_t *x, int64_t x_stride, co
                 if (tile == 1) { /* a decode step's row: both halves in one pass */
                     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
                     group_one(type, w + g * group_bytes, blocks, &q, k, first, acc);
-                    float lanes[16];
-                    _mm256_storeu_ps(lanes, acc[0]);
-                    _mm256_storeu_ps(lanes + 8, acc[1]);
-                    uint16_t *o = out + first * out_stride + g * GROUP;
-                    for (int i = 0; i < 16; i++) o[i] = float_to_bf16(lanes[i]);
+                    store_bf16x16(out + first * out_stride + g * GROUP, acc);
                     continue;
                 }
                 for (int half = 0; half < 2; half++) {
