@@ -107,6 +107,27 @@ def test_each_row_is_computed_as_if_alone(type_name):
         assert torch.equal(linear(x[row : row + 1], blocks, type_name)[0], together[row])
 
 
+# Q8_0's 0x00 is a zero weight, whose products cancel only to rounding (d * 128 * sum + -128 * d * sum)
+@pytest.mark.parametrize(
+    ("type_name", "fill"), [(t, f) for t in TYPES for f in (0x00, 0x80, 0xFF) if (t, f) != ("Q8_0", 0x00)]
+)
+def test_the_largest_integer_sums_stay_exact(type_name, fill):
+    """Every byte but the float16 fields at one value: each quant at its largest magnitude (0xFF: 4-bit 15 and
+    5-bit 31; 0x80: Q8_0's -128; 0x00: IQ4_NL's -127 level, Q6_K's -32), and x all +-1 so that every int8 of
+    xq is +-127. The 8-bit paths sum vpmaddubsw pairs in int16 before widening, where an overflow would wrap."""
+    blocks = random_blocks(32, 512, type_name, 11)
+    f16 = set()
+    for offset in gguf_blocks.F16_FIELDS[type_name]:
+        f16.update((offset, offset + 1))
+    quants = [i for i in range(gguf_blocks.BLOCKS[type_name][1]) if i not in f16]
+    by_block = blocks.view(-1, gguf_blocks.BLOCKS[type_name][1])
+    by_block[:, quants] = fill
+    x = torch.ones(3, 512, dtype=torch.bfloat16)
+    x[1] = -1
+    x[2, 1::2] = -1
+    check(linear(x, blocks, type_name), x, gguf_weight(blocks, type_name), type_name)
+
+
 def test_declines_what_it_cannot_read():
     blocks = random_blocks(64, 256, "Q4_K", 3)
     x = torch.ones(1, 256, dtype=torch.bfloat16)
