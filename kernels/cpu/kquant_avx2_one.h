@@ -16,15 +16,18 @@ static inline __attribute__((always_inline)) void tile_q45k_one(const int five, 
     const int64_t rb = row * blocks + b;
     const int8_t *xq = q->xq + row * k + b * QK;
     const uint8_t *qs = t + qk_qs(five ? TYPE_Q5_K : TYPE_Q4_K);
+    /* each sub-block's scale for both halves, made once per super-block and kept in L1: made in the loop
+       below, the compiler kept them (or what makes them) live in registers and spilled the sums instead */
+    __m256i scale[2][8], min_sum[2];
+    for (int half = 0; half < 2; half++) {
+        __m256i scales[2], mins[2];
+        q45k_scales(t, half, scales, mins);
+        for (int j = 0; j < 8; j++) scale[half][j] = lane_byte_x2(scales[j / 4], j % 4);
+        min_sum[half] = q45k_min_sum(mins, q->xs + rb * 16);
+    }
     __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int j = 0; j < 8; j++) { /* sub-block j: the low (even j) or high (odd j) nibbles of chunk j / 2 */
         const int c = j / 2, high = j % 2;
-        __m256i scale[2];
-        for (int half = 0; half < 2; half++) { /* reloaded per sub-block: held, they would take 8 registers */
-            __m256i scales[2], mins[2];
-            q45k_scales(t, half, scales, mins);
-            scale[half] = lane_byte_x2(scales[j / 4], j % 4);
-        }
         __m256i pairs[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         for (int quad = 0; quad < 8; quad++) {
             const __m256i xb = bcast4(xq + 32 * j + 4 * quad);
@@ -40,18 +43,16 @@ static inline __attribute__((always_inline)) void tile_q45k_one(const int five, 
             }
             if (quad % (five ? 4 : 8) == (five ? 3 : 7)) { /* as dot_quads_scaled: u <= 31 or 15 keeps int16 exact */
                 for (int half = 0; half < 2; half++) {
-                    sums[half] = _mm256_add_epi32(sums[half], _mm256_madd_epi16(pairs[half], scale[half]));
+                    sums[half] = _mm256_add_epi32(sums[half], _mm256_madd_epi16(pairs[half], scale[half][j]));
                     pairs[half] = _mm256_setzero_si256();
                 }
             }
         }
     }
     for (int half = 0; half < 2; half++) {
-        __m256i scales[2], mins[2];
-        q45k_scales(t, half, scales, mins);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + QKT_D + 16 * half)));
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + QKT_DMIN + 16 * half)));
-        acc[half] = q45k_finish(acc[half], sums[half], q45k_min_sum(mins, q->xs + rb * 16), d, dmin, q->dx[rb]);
+        acc[half] = q45k_finish(acc[half], sums[half], min_sum[half], d, dmin, q->dx[rb]);
     }
 }
 
@@ -60,16 +61,23 @@ static inline __attribute__((always_inline)) void tile_q6k_one(const uint8_t *t,
     const __m256i low4 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
     const int64_t rb = row * blocks + b;
     const int8_t *xq = q->xq + row * k + b * QK;
+    /* the 16 sub-blocks' scales for both halves and each half's q - 32 offsets (one int32 sum), made once per
+       super-block, as tile_q45k_one's scales (integer sums, so the result is the same to the bit) */
+    __m256i scale[2][16], offset[2];
+    for (int half = 0; half < 2; half++) {
+        offset[half] = _mm256_setzero_si256();
+        for (int j = 0; j < 16; j += 2) {
+            __m256i x2[2], pair;
+            q6k_scales(t, half, j, x2, &pair);
+            scale[half][j] = x2[0], scale[half][j + 1] = x2[1];
+            offset[half] = _mm256_add_epi32(offset[half], q6k_offset(pair, q->xs + rb * 16 + j));
+        }
+    }
     __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int h = 0; h < 2; h++) {
         for (int s = 0; s < 4; s++) { /* values 128h + 32s + l: sub-blocks 8h + 2s and 8h + 2s + 1 */
             const int j = 8 * h + 2 * s;
             for (int part = 0; part < 2; part++) {
-                __m256i scale[2]; /* sub-block j + part's scales, made here: all four held with the rest would spill */
-                for (int half = 0; half < 2; half++) {
-                    const __m256i a = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(t + Q6T_SCALES + 16 * (j + part) + 8 * half)));
-                    scale[half] = int16_pair(a, a);
-                }
                 for (int two = 0; two < 2; two++) { /* as dot_quads_scaled(.., 4, 2): two quads' int16 pairs, u <= 63 */
                     __m256i pairs[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
                     for (int i = 0; i < 2; i++) {
@@ -84,20 +92,15 @@ static inline __attribute__((always_inline)) void tile_q6k_one(const uint8_t *t,
                         }
                     }
                     for (int half = 0; half < 2; half++)
-                        sums[half] = _mm256_add_epi32(sums[half], _mm256_madd_epi16(pairs[half], scale[half]));
+                        sums[half] = _mm256_add_epi32(sums[half], _mm256_madd_epi16(pairs[half], scale[half][j + part]));
                 }
-            }
-            for (int half = 0; half < 2; half++) {
-                __m256i x2[2], pair;
-                q6k_scales(t, half, j, x2, &pair);
-                sums[half] = _mm256_sub_epi32(sums[half], q6k_offset(pair, q->xs + rb * 16 + j));
             }
         }
     }
     const __m256 dx = _mm256_set1_ps(q->dx[rb]);
     for (int half = 0; half < 2; half++) {
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + Q6T_D + 16 * half)));
-        acc[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[half]), _mm256_mul_ps(d, dx), acc[half]);
+        acc[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sums[half], offset[half])), _mm256_mul_ps(d, dx), acc[half]);
     }
 }
 
