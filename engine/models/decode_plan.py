@@ -33,8 +33,7 @@ class _Inputs:
     sin: torch.Tensor
     tables: torch.Tensor  # [rows, pages] int64
     lens: torch.Tensor  # [rows] int64
-    pages: torch.Tensor  # [rows] int64: each new token's cache page and offset in it
-    offsets: torch.Tensor
+    slots: torch.Tensor  # [rows] int64: each new token's cache slot (page * page_size + offset)
 
 
 class DecodePlan:
@@ -58,8 +57,7 @@ class DecodePlan:
             sin=plan.buffer(rows, rot),
             tables=plan.buffer(rows, pages, dtype=torch.int64),
             lens=plan.buffer(rows, dtype=torch.int64),
-            pages=plan.buffer(rows, dtype=torch.int64),
-            offsets=plan.buffer(rows, dtype=torch.int64),
+            slots=plan.buffer(rows, dtype=torch.int64),
         )
         x, residual = inputs.x, None
         for index, layer in enumerate(model.model.layers):
@@ -79,8 +77,7 @@ class DecodePlan:
         inputs.sin.copy_(sin)
         inputs.tables[:, : batch.block_tables.shape[1]].copy_(batch.block_tables)
         inputs.lens.copy_(batch.seq_lens)
-        torch.div(batch.slot_mapping, self.cache.page_size, rounding_mode="floor", out=inputs.pages)
-        torch.remainder(batch.slot_mapping, self.cache.page_size, out=inputs.offsets)
+        inputs.slots.copy_(batch.slot_mapping)
         self._plan.run()
         return self._out
 
@@ -136,15 +133,14 @@ def _record_layer(plan, layer, k_cache, v_cache, inputs: _Inputs, x, residual):
     ):
         return None
 
-    writes = [
-        ops.bind_write_slots(new, cache, inputs.pages, inputs.offsets) for new, cache in ((k, k_cache), (v, v_cache))
-    ]
+    writes = [ops.bind_write_slots(new, cache, inputs.slots) for new, cache in ((k, k_cache), (v, v_cache))]
     if all(writes):
         for write in writes:
             plan.add(write)
     else:
 
-        def write_kv(pages=inputs.pages, offsets=inputs.offsets) -> None:  # as the twin writes a CPU cache
+        def write_kv(slots=inputs.slots, page_size=k_cache.shape[1]) -> None:  # as the twin writes a CPU cache
+            pages, offsets = slots.div(page_size, rounding_mode="floor"), slots.remainder(page_size)
             k_cache.index_put_((pages, offsets), k)
             v_cache.index_put_((pages, offsets), v)
 

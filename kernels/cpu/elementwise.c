@@ -87,19 +87,20 @@ void silu_and_mul_bf16(const uint16_t *x, int64_t x_stride, uint16_t *out, int64
     }
 }
 
-/* cache[pages[i], offsets[i], h, :] = src[i, h, :] for every new token i and head h (byte strides; each head's
-   row contiguous in both): a decode step's keys or values into their slots, where torch's index_put_ cost
-   about 17 us a call, two a layer (the starter's 30 layers: 1 ms of a 12 ms step). Returns -1, writing
-   nothing, if a slot lies outside the cache. */
+/* cache[slot / page_size, slot % page_size, h, :] = src[i, h, :] for every new token i (slot = slots[i], the
+   batch's slot mapping) and head h (byte strides; each head's row contiguous in both): a decode step's keys or
+   values into their slots, where torch's index_put_ cost about 17 us a call, two a layer (the starter's 30
+   layers: 1 ms of a 12 ms step). Returns -1, writing nothing, if a slot lies outside the cache. */
 int write_slots(const uint8_t *src, int64_t src_row_stride, int64_t src_head_stride, uint8_t *cache,
-                int64_t page_stride, int64_t slot_stride, int64_t head_stride, const int64_t *pages,
-                const int64_t *offsets, int64_t num_pages, int64_t page_size, int64_t rows, int64_t heads,
-                int64_t head_bytes) {
+                int64_t page_stride, int64_t slot_stride, int64_t head_stride, const int64_t *slots,
+                int64_t num_pages, int64_t page_size, int64_t rows, int64_t heads, int64_t head_bytes) {
     for (int64_t i = 0; i < rows; i++)
-        if (pages[i] < 0 || pages[i] >= num_pages || offsets[i] < 0 || offsets[i] >= page_size) return -1;
-    for (int64_t i = 0; i < rows; i++)
+        if (slots[i] < 0 || slots[i] >= num_pages * page_size) return -1;
+    for (int64_t i = 0; i < rows; i++) {
+        const int64_t page = slots[i] / page_size, offset = slots[i] % page_size;
         for (int64_t h = 0; h < heads; h++)
-            memcpy(cache + pages[i] * page_stride + offsets[i] * slot_stride + h * head_stride,
+            memcpy(cache + page * page_stride + offset * slot_stride + h * head_stride,
                    src + i * src_row_stride + h * src_head_stride, (size_t)head_bytes);
+    }
     return 0;
 }

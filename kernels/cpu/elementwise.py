@@ -20,7 +20,7 @@ _SIGNATURES = {
     "rms_norm_bf16": (_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, ctypes.c_float, _i64),
     "rope_bf16": (_ptr, _i64, _ptr, _ptr, _ptr) + (_i64,) * 5,
     "silu_and_mul_bf16": (_ptr, _i64, _ptr, _i64, _i64, _i64),
-    "write_slots": (_ptr, _i64, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr) + (_i64,) * 5,
+    "write_slots": (_ptr, _i64, _i64, _ptr, _i64, _i64, _i64, _ptr) + (_i64,) * 5,
 }
 
 
@@ -144,16 +144,17 @@ def bind_silu_and_mul(x, out, threads) -> tuple[Callable, tuple] | None:
     return fn, (x.data_ptr(), x.stride(0), out.data_ptr(), x.shape[0], x.shape[1] // 2, threads)
 
 
-def bind_write_slots(src, cache, pages, offsets) -> tuple[Callable, tuple] | None:
-    """The kernel and its arguments for cache[pages[i], offsets[i]] = src[i], or None: src [rows, heads, dim]
-    and cache [num_pages, page_size, heads, dim] (any strides, each head's row contiguous) of one dtype on the
-    CPU, pages and offsets contiguous int64 [rows]. The call returns -1 for a slot outside the cache."""
+def bind_write_slots(src, cache, slots) -> tuple[Callable, tuple] | None:
+    """The kernel and its arguments for cache[slot // page_size, slot % page_size] = src[i] (slot = slots[i]), or
+    None: src [rows, heads, dim] and cache [num_pages, page_size, heads, dim] (any strides, each head's row
+    contiguous) of one dtype on the CPU, slots contiguous int64 [rows] (a batch's slot mapping). The call
+    returns -1 for a slot outside the cache."""
     rows, heads, dim = src.shape
     if cache.device.type != "cpu" or cache.dim() != 4 or cache.dtype != src.dtype or cache.shape[2:] != src.shape[1:]:
         return None
     if cache.stride(3) != 1 or src.stride(2) != 1:
         return None
-    if any(t.dtype != torch.int64 or t.shape != (rows,) or not t.is_contiguous() for t in (pages, offsets)):
+    if slots.dtype != torch.int64 or slots.shape != (rows,) or not slots.is_contiguous():
         return None
     fn = _kernel("write_slots", ctypes.c_int)
     if fn is None:
@@ -165,8 +166,7 @@ def bind_write_slots(src, cache, pages, offsets) -> tuple[Callable, tuple] | Non
         src.stride(1) * size,
         cache.data_ptr(),
         *(stride * size for stride in cache.stride()[:3]),
-        pages.data_ptr(),
-        offsets.data_ptr(),
+        slots.data_ptr(),
         cache.shape[0],
         cache.shape[1],
         rows,

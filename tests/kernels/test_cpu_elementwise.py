@@ -108,19 +108,23 @@ def test_write_slots_puts_a_steps_rows_where_index_put_does(dtype):
     qkv = torch.randn(4, 5 * 3 * 16).to(dtype)
     new = qkv[:, 16:64].view(4, 3, 16)  # rows 240 values apart
     pages, offsets = torch.tensor([5, 0, 5, 2]), torch.tensor([7, 0, 6, 3])
-    call = cpu.bind_write_slots(new, cache, pages, offsets)
+    slots = pages * 8 + offsets  # a batch's slot mapping, pages of 8
+    call = cpu.bind_write_slots(new, cache, slots)
     assert call is not None and call[0](*call[1]) == 0
     want.index_put_((pages, offsets), new)
     assert torch.equal(cache, want)
-    pages[2] = 6  # past the last page: nothing is written, and the plan is told
     before = cache.clone()
-    assert call[0](*call[1]) == -1 and torch.equal(cache, before)
+    for outside in (6 * 8, -1):  # past the last page, or negative: nothing is written, and the plan is told
+        slots[2] = outside
+        assert call[0](*call[1]) == -1 and torch.equal(cache, before)
 
 
 def test_write_slots_declines_what_it_does_not_handle():
     cache = torch.zeros(2, 4, 2, 8, dtype=torch.bfloat16)
     new, slots = torch.zeros(1, 2, 8, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64)
-    assert cpu.bind_write_slots(new.float(), cache, slots, slots) is None  # another dtype than the cache's
-    assert cpu.bind_write_slots(new, cache, slots.int(), slots) is None  # int32 slots
+    assert cpu.bind_write_slots(new.float(), cache, slots) is None  # another dtype than the cache's
+    assert cpu.bind_write_slots(new, cache, slots.int()) is None  # int32 slots
+    two_apart = torch.zeros(4, dtype=torch.int64)[::2]
+    assert cpu.bind_write_slots(torch.zeros(2, 2, 8, dtype=torch.bfloat16), cache, two_apart) is None  # strided slots
     heads_apart = torch.zeros(2, 4, 8, 2, dtype=torch.bfloat16).transpose(2, 3)  # [2, 4, 2, 8], a head's row strided
-    assert cpu.bind_write_slots(new, heads_apart, slots, slots) is None
+    assert cpu.bind_write_slots(new, heads_apart, slots) is None

@@ -117,6 +117,25 @@ def test_qwen_layers_biases_and_head_norms_equal_the_modules(architecture, tmp_p
     assert decode_plan.plans_for(model, caches[0])[3] is not None
 
 
+def test_a_cache_the_slot_copy_declines_is_written_by_torch(model, monkeypatch):
+    """Where write_slots will not take a cache, the plan writes each step's keys and values with index_put_
+    (pages and offsets from the batch's slots), still equal to the modules' step."""
+    monkeypatch.setattr(decode_plan.ops, "bind_write_slots", lambda *args: None)
+    caches = [Cache(model, max_seq_len=256, page_size=16) for _ in range(2)]
+    tables, prompts = [[0, 1], [2, 3]], [[3, 9, 12], [5] * 15]
+    for cache in caches:
+        prefill(model, cache, tables, prompts)
+    past = [len(p) for p in prompts]
+    for step in range(3):  # the second sequence's steps cross into its next page
+        tokens = [11 + step, 13]
+        planned = decode(model, caches[0], tables, past, tokens, True, monkeypatch)
+        assert torch.equal(planned, decode(model, caches[1], tables, past, tokens, False, monkeypatch)), step
+        past = [p + 1 for p in past]
+    assert decode_plan.plans_for(model, caches[0])[2] is not None
+    for k, k_plain in zip(caches[0].k, caches[1].k):
+        assert torch.equal(k, k_plain)
+
+
 def test_plans_live_with_their_cache(model, monkeypatch):
     tables, prompts = [[0, 1]], [[5, 6, 7]]
     first = Cache(model, max_seq_len=256, page_size=16)
