@@ -3,7 +3,7 @@
 A step where every sequence adds one token is the same ~10 kernel calls per layer each time, on tensors of the
 same shapes; only the token embeddings, rotary rows, page tables, lengths and cache slots change. The plan
 records those calls once per row count, bound to buffers it owns, and a step refills the inputs and replays
-them. The starter's greedy decode went from 123 to 284 tok/s with it (8.1 to 3.5 ms a step), a 1B Q4_K_M
+them; the final norm and the output head too, where the head is held in GGUF blocks. The starter's greedy decode went from 123 to 284 tok/s with it (8.1 to 3.5 ms a step), a 1B Q4_K_M
 file's from 62 to 72 (the README's benchmark has the side-by-side figures).
 
 Each call is the one the layer's modules would make, with the same arguments (the ops' own `bind_*`
@@ -37,10 +37,12 @@ class _Inputs:
 
 
 class DecodePlan:
-    """One row count's recorded step over one cache. `run` returns (hidden, residual) after the last layer."""
+    """One row count's recorded step over one cache. `run` returns the hidden state and residual after the last
+    layer, and the head's bfloat16 logits where the plan holds the final norm and the head (None otherwise)."""
 
     def __init__(self, plan: ops.Plan, inputs: _Inputs, out: tuple[torch.Tensor, torch.Tensor], cache, rows: int):
         self._plan, self._in, self._out, self.cache, self.rows = plan, inputs, out, cache, rows
+        self._head: tuple[ops.Plan, torch.Tensor] | None = None
 
     @classmethod
     def record(cls, model, cache, rows: int, pages: int) -> DecodePlan | None:
@@ -65,7 +67,15 @@ class DecodePlan:
             if out is None:
                 return None
             x, residual = out
-        return cls(plan, inputs, (x, residual), cache, rows)
+        recorded = cls(plan, inputs, (x, residual), cache, rows)
+        # The final norm and the head, apart: a head the kernels do not take (float weights) leaves them to the
+        # modules. In the plan they cost about 0.2 ms less a starter step: run as modules, their torch ops came
+        # right after the step's weights had streamed through the caches (the norm alone took 250 us then).
+        head = ops.decode_plan()
+        logits = None if head is None else _record_head(head, model, x, residual)
+        if logits is not None:
+            recorded._head = head, logits
+        return recorded
 
     def fits(self, batch: Batch) -> bool:
         return batch.block_tables.shape[1] <= self._in.tables.shape[1]
@@ -79,7 +89,11 @@ class DecodePlan:
         inputs.lens.copy_(batch.seq_lens)
         inputs.slots.copy_(batch.slot_mapping)
         self._plan.run()
-        return self._out
+        if self._head is None:
+            return (*self._out, None)
+        head, logits = self._head
+        head.run()
+        return (*self._out, logits)
 
 
 def plans_for(model, cache) -> dict[int, DecodePlan | None]:
@@ -166,6 +180,16 @@ def _record_layer(plan, layer, k_cache, v_cache, inputs: _Inputs, x, residual):
         return None
     down = _record_linear(plan, mlp.down_proj, act)
     return None if down is None else (down, summed2)
+
+
+def _record_head(plan, model, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor | None:
+    """Append the final norm and the output head (as the model's forward computes them); returns the logits
+    buffer [rows, vocab], or None where the head is not held in GGUF blocks."""
+    norm, hidden = model.model.norm, x.shape[1]
+    h, summed = plan.buffer(x.shape[0], hidden), plan.buffer(x.shape[0], hidden)
+    if not plan.add(ops.bind_rms_norm(x, residual, summed, norm.weight, norm.eps, h, plan.threads)):
+        return None
+    return _record_linear(plan, model.lm_head, h)
 
 
 def _record_head_norm(plan, norm, x: torch.Tensor) -> torch.Tensor | None:

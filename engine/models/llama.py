@@ -100,7 +100,9 @@ class LlamaForCausalLM(Model):
         cos, sin = self.rope.lookup(positions, max(batch.seq_lens_host), x.dtype)
         plan = self._decode_plan(batch, inputs)
         if plan is not None:
-            x, residual = plan.run(x, cos, sin, batch)
+            x, residual, logits = plan.run(x, cos, sin, batch)
+            if logits is not None:  # a row's logits do not depend on the rows beside it
+                return (logits if batch.logits_indices is None else logits[batch.logits_indices]).float()
         else:
             residual = None
             for layer in self.model.layers:

@@ -91,6 +91,7 @@ def test_a_planned_step_equals_the_modules(model, rows, monkeypatch):
     torch.set_num_threads(2)
     plan = decode_plan.plans_for(model, caches[0])[rows]
     assert plan is not None and plan.cache is caches[0] and not decode_plan.plans_for(model, caches[1])
+    assert plan._head is not None  # the final norm and the head ran in the plan too
     for k, k_plain in zip(caches[0].k, caches[1].k):
         assert torch.equal(k, k_plain)  # the cache rows it wrote too
 
@@ -134,6 +135,21 @@ def test_a_cache_the_slot_copy_declines_is_written_by_torch(model, monkeypatch):
     assert decode_plan.plans_for(model, caches[0])[2] is not None
     for k, k_plain in zip(caches[0].k, caches[1].k):
         assert torch.equal(k, k_plain)
+
+
+def test_a_head_the_kernels_do_not_take_is_left_to_the_modules(model, monkeypatch):
+    """A plan whose head did not record (a float output weight, say) runs its layers and returns the hidden
+    state; the model's forward applies the final norm and the head as modules, to the same logits."""
+    monkeypatch.setattr(decode_plan, "_record_head", lambda *args: None)
+    caches = [Cache(model, max_seq_len=256, page_size=16) for _ in range(2)]
+    tables, prompts = [[0, 1]], [[3, 9, 12]]
+    for cache in caches:
+        prefill(model, cache, tables, prompts)
+    for step in range(2):
+        planned = decode(model, caches[0], tables, [3 + step], [11 + step], True, monkeypatch)
+        assert torch.equal(planned, decode(model, caches[1], tables, [3 + step], [11 + step], False, monkeypatch))
+    plan = decode_plan.plans_for(model, caches[0])[1]
+    assert plan is not None and plan._head is None
 
 
 def test_plans_live_with_their_cache(model, monkeypatch):
