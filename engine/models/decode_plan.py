@@ -3,8 +3,9 @@
 A step where every sequence adds one token is the same ~10 kernel calls per layer each time, on tensors of the
 same shapes; only the token embeddings, rotary rows, page tables, lengths and cache slots change. The plan
 records those calls once per row count, bound to buffers it owns, and a step refills the inputs and replays
-them; the final norm and the output head too, where the head is held in GGUF blocks. The starter's greedy decode went from 123 to 284 tok/s with it (8.1 to 3.5 ms a step), a 1B Q4_K_M
-file's from 62 to 72 (the README's benchmark has the side-by-side figures).
+them; the final norm and the output head too, where the head is held in GGUF blocks. The starter's greedy
+decode went from 123 to 284 tok/s with it (8.1 to 3.5 ms a step), a 1B Q4_K_M file's from 62 to 72 (the
+README's benchmark has the side-by-side figures).
 
 Each call is the one the layer's modules would make, with the same arguments (the ops' own `bind_*`
 functions), so a planned step gives the same bits as `DecoderLayer.forward`; tests/engine/models/
