@@ -41,9 +41,17 @@ class DecodePlan:
     """One row count's recorded step over one cache. `run` returns the hidden state and residual after the last
     layer, and the head's bfloat16 logits where the plan holds the final norm and the head (None otherwise)."""
 
-    def __init__(self, plan: ops.Plan, inputs: _Inputs, out: tuple[torch.Tensor, torch.Tensor], cache, rows: int):
+    def __init__(
+        self,
+        plan: ops.Plan,
+        inputs: _Inputs,
+        out: tuple[torch.Tensor, torch.Tensor],
+        cache,
+        rows: int,
+        head: tuple[ops.Plan, torch.Tensor] | None,
+    ):
         self._plan, self._in, self._out, self.cache, self.rows = plan, inputs, out, cache, rows
-        self._head: tuple[ops.Plan, torch.Tensor] | None = None
+        self._head = head  # the final norm and head's calls and their logits buffer
 
     @classmethod
     def record(cls, model, cache, rows: int, pages: int) -> DecodePlan | None:
@@ -68,15 +76,12 @@ class DecodePlan:
             if out is None:
                 return None
             x, residual = out
-        recorded = cls(plan, inputs, (x, residual), cache, rows)
         # The final norm and the head, apart: a head the kernels do not take (float weights) leaves them to the
         # modules. In the plan they cost about 0.2 ms less a starter step: run as modules, their torch ops came
         # right after the step's weights had streamed through the caches (the norm alone took 250 us then).
         head = ops.decode_plan()
         logits = None if head is None else _record_head(head, model, x, residual)
-        if logits is not None:
-            recorded._head = head, logits
-        return recorded
+        return cls(plan, inputs, (x, residual), cache, rows, None if logits is None else (head, logits))
 
     def fits(self, batch: Batch) -> bool:
         return batch.block_tables.shape[1] <= self._in.tables.shape[1]

@@ -1,6 +1,6 @@
 /* Shared by the AVX2 8-bit block kernels (block32_avx2.h, kquant_avx2.h): byte moves AVX2 lacks an
-   instruction for, x's quantization to int8, and the store of a 16-row group's sums. Each kernel is compiled as
-   its own library, so they meet here rather than in one .c. */
+   instruction for, x's quantization to int8, the int16-then-int32 sums of quads, and the store of a 16-row
+   group's sums. Each kernel is compiled as its own library, so they meet here rather than in one .c. */
 
 #ifndef TANDEM_CPU_AVX2_BYTES_H
 #define TANDEM_CPU_AVX2_BYTES_H
@@ -60,6 +60,21 @@ static inline void bf16_to_int8(const uint16_t *x, int n, float dx, int8_t *q) {
         const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
         _mm256_storeu_si256((__m256i *)(q + i), _mm256_permutevar8x32_epi32(bytes, order));
     }
+}
+
+/* The int32 sums of n quads u[0 .. n - 1] times xq[0 .. 4n - 1] for 8 weight rows: what the VNNI paths'
+   vpdpbusd chains sum (block32_avx2.h's unsigned types, kquant_avx2.h's Q2_K and Q3_K). vpmaddubsw's int16
+   pairs are exact while u <= 128 (2 * 128 * 128 fits); `per` quads' pairs are added in int16 before vpmaddwd,
+   where the caller's u keeps per * 2 * 128 * max u within int16. */
+static inline __attribute__((always_inline)) __m256i dot_quads(const __m256i *u, const int8_t *xq, int n, int per) {
+    __m256i dot = _mm256_setzero_si256();
+    for (int quad = 0; quad < n; quad += per) {
+        __m256i pairs = _mm256_maddubs_epi16(u[quad], bcast4(xq + 4 * quad));
+        for (int i = 1; i < per; i++)
+            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[quad + i], bcast4(xq + 4 * (quad + i))));
+        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+    }
+    return dot;
 }
 
 /* A 16-row group's float32 sums for one row of x (acc[0] rows 0-7, acc[1] rows 8-15) rounded to bf16 into o. */

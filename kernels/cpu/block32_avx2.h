@@ -80,22 +80,22 @@ static inline __attribute__((always_inline)) void block_half(const int type, con
     }
     if (is_signed)
         for (int j = 0; j < 8; j++) u[j] = _mm256_abs_epi8(sign[j]);
-    /* vpmaddubsw pairs summed in int16 before one vpmaddwd: |xq| <= 128, so a pair is at most 2 * 15 * 128 = 3840
-       for the 4-bit types (eight fit in int16) and 7936 for the 5-bit ones (four fit); the signed types' pairs
-       reach 32,512 and go to int32 one at a time. The int32 sum is the same integer either way. */
-    const int pairs = is_signed ? 1 : l.has_high ? 4 : 8;
+    /* dot_quads sums vpmaddubsw pairs in int16 before one vpmaddwd: |xq| <= 128, so a pair is at most
+       2 * 15 * 128 = 3840 for the 4-bit types (eight fit in int16) and 7936 for the 5-bit ones (four fit); the
+       signed types' pairs reach 32,512 and go to int32 one at a time. The int32 sum is the same integer either
+       way. */
+    const int pairs = l.has_high ? 4 : 8;
     for (int64_t r = 0; r < rows; r++) {
         const int64_t row = first + r;
         const int8_t *xq = q->xq + row * k + b * QB;
         __m256i dot = is_signed ? _mm256_set1_epi32(128 * q->total[row * blocks + b]) : _mm256_setzero_si256();
-        for (int j0 = 0; j0 < 8; j0 += pairs) {
-            __m256i sum16 = _mm256_setzero_si256();
-            for (int j = j0; j < j0 + pairs; j++) {
-                __m256i xj = bcast4(xq + 4 * j);
-                if (is_signed) xj = _mm256_sign_epi8(xj, sign[j]);
-                sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(u[j], xj));
+        if (is_signed) {
+            for (int j = 0; j < 8; j++) {
+                const __m256i xj = _mm256_sign_epi8(bcast4(xq + 4 * j), sign[j]);
+                dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(u[j], xj), ones));
             }
-            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(sum16, ones));
+        } else {
+            dot = _mm256_add_epi32(dot, dot_quads(u, xq, 8, pairs));
         }
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(q->dx[row * blocks + b])), acc[r]);
         acc[r] = _mm256_fmadd_ps(c, _mm256_set1_ps(q->sums[row * blocks + b]), acc[r]);

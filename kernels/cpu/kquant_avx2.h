@@ -52,20 +52,6 @@ static inline __m256 lane_byte(__m256i v, int i) {
     return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 8 * i), _mm256_set1_epi32(0xff)));
 }
 
-/* The int32 sums of n quads u[0 .. n - 1] times xq[0 .. 4n - 1] for 8 weight rows: what the VNNI path's
-   vpdpbusd chains sum. vpmaddubsw's int16 pairs are exact while u <= 128 (2 * 128 * 128 fits); `per` quads'
-   pairs are added in int16 before vpmaddwd, where the caller's u keeps per * 2 * 128 * max u within int16. */
-static inline __attribute__((always_inline)) __m256i dot_quads(const __m256i *u, const int8_t *xq, int n, int per) {
-    __m256i dot = _mm256_setzero_si256();
-    for (int quad = 0; quad < n; quad += per) {
-        __m256i pairs = _mm256_maddubs_epi16(u[quad], bcast4(xq + 4 * quad));
-        for (int i = 1; i < per; i++)
-            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[quad + i], bcast4(xq + 4 * (quad + i))));
-        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-    }
-    return dot;
-}
-
 /* The sums for Q4_K, Q5_K and Q6_K, unlike the VNNI path: each sub-block's int16 pairs meet its 6- or 8-bit
    scale in vpmaddwd (the scale in both int16 halves of the row's lane), so a super-block's scaled sums and its
    mins (or Q6_K's offsets) are exact int32, and each takes one float multiply-add per super-block where the
