@@ -341,9 +341,18 @@ def test_quit_after_answer_also_answers_in_a_new_chat(qapp, tiny_folder, tmp_pat
     data.mkdir()
     json_chat_id, json_settings, defaults = json_chat_open_last(data)
     monkeypatch.setenv("TANDEM_DATA_DIR", str(data))
+    windows = _main_windows(qapp)
     assert main(["--model", str(tiny_folder), "--prompt", "Hello", "--quit-after-answer"]) == 0
     answer = check_prompt_chat(data, json_chat_id, json_settings, defaults, "Hello")
     assert capsys.readouterr().out == answer + "\n"
+    # main's window went with it: kept, each in-process run left ~650 widgets that every restyle walked
+    assert _main_windows(qapp) == windows
+
+
+def _main_windows(qapp) -> int:
+    from app.ui.main_window import MainWindow
+
+    return sum(isinstance(widget, MainWindow) for widget in qapp.topLevelWidgets())
 
 
 def test_a_disk_full_at_start_ends_with_a_message_not_a_traceback(qapp, tiny_folder, tmp_path, monkeypatch, capsys):

@@ -11,6 +11,7 @@ llama.cpp's legacy scripts in test_mmproj_llava.py).
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -329,25 +330,38 @@ def test_the_model_card_sees_images_while_a_pairable_mmproj_lies_beside(pair, tm
     assert read_model_info(alone).can_see_images  # put beside it after the card first read the text file
 
 
+@functools.cache
+def _read_gguf(src: Path) -> tuple[str, list[tuple[str, object, object]], list[tuple[str, np.ndarray, list, object]]]:
+    """(architecture, [(key, value, type)], [(tensor, data, raw shape, raw type)]) of a GGUF, by the installed
+    gguf package: read once per file, since its reader takes about 5 s over a 49,152-token vocabulary and
+    each family's text file is copied by two tests."""
+    import gguf
+
+    reader = gguf.GGUFReader(src)
+    fields = [
+        (name, field.contents(), field.types[0])
+        for name, field in reader.fields.items()
+        if not name.startswith("GGUF.") and name != "general.architecture"
+    ]
+    tensors = [(t.name, np.array(t.data), list(reversed(t.shape.tolist())), t.tensor_type) for t in reader.tensors]
+    return reader.fields["general.architecture"].contents(), fields, tensors
+
+
 def _copy_with(src: Path, dst: Path, add_tensors: dict[str, np.ndarray] | None = None, **changes) -> Path:
     """`src` (a GGUF) written again with some metadata values changed (and float32 tensors added), by the
     installed gguf package."""
     import gguf
 
-    reader = gguf.GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
+    arch, fields, tensors = _read_gguf(src)
     writer = gguf.GGUFWriter(dst, arch)
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        value = changes.get(name, field.contents())
-        kind = field.types[0]
+    for name, value, kind in fields:
+        value = changes.get(name, value)
         if kind == gguf.GGUFValueType.ARRAY:
             writer.add_array(name, value)
         else:
             writer.add_key_value(name, value, kind)
-    for t in reader.tensors:
-        writer.add_tensor(t.name, np.array(t.data), raw_shape=list(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
+    for name, data, shape, raw_dtype in tensors:
+        writer.add_tensor(name, data, raw_shape=shape, raw_dtype=raw_dtype)
     for name, values in (add_tensors or {}).items():
         writer.add_tensor(name, values)
     writer.write_header_to_file()
