@@ -40,9 +40,13 @@ _SOURCES = Path(__file__).parent
 # -fno-trapping-math: no kernel reads the floating-point exception flags, and with them kept GCC would not turn
 # exp_poly's clamps into selects on AVX2 (AVX-512's masks do without), so SiLU's exp ran one value at a time
 # there: [512, 8192] took 44 ms on one thread. It changes no result (no reassociation, no finite-math).
-FLAGS = ("-O3", "-fPIC", "-shared", "-std=c11", "-fno-trapping-math")
+FLAGS = ("-O3", "-fPIC", "-std=c11", "-fno-trapping-math")
 _THREADS = ("-fopenmp", "-fopenmp-simd")  # tried in this order
 _BUILD_TIMEOUT_S = 120
+# Kernels compiled as several translation units side by side (part i with -DTANDEM_PART=i), then linked: as one,
+# paged_decode's 32 unrolled AVX2 instances kept one core busy for 35 s on a 2-core AVX2 CPU while the other
+# finished the rest in 7 (its float32 and bfloat16 instances are the two parts).
+PARTS = {"paged_decode": 2}
 
 
 def _compiler() -> str | None:
@@ -74,8 +78,8 @@ KERNELS = ("paged_decode", "paged_prefill", "int4_matmul", "elementwise", "kquan
 
 def prepare() -> None:
     """Build (or find) every CPU kernel now, side by side, so the first decode step does not wait for the
-    compiler: the first time, about 4 s on a 2-core AVX-512 machine, 25 s on a 2-core AVX2 one (paged_decode's
-    unrolled AVX2 instances, one thread), then nothing."""
+    compiler: the first time, about 4 s on a 2-core AVX-512 machine, 17 s on a 2-core AVX2 one (32 s before
+    paged_decode's unrolled AVX2 instances were built in two parts, see PARTS), then nothing."""
     with ThreadPoolExecutor(max_workers=len(KERNELS)) as pool:
         list(pool.map(load, KERNELS))
 
@@ -94,7 +98,7 @@ def load(name: str) -> ctypes.CDLL | None:
         b"\0".join(
             [
                 source,
-                " ".join((*FLAGS, _arch_flag(), *_THREADS)).encode(),
+                " ".join((*FLAGS, _arch_flag(), *_THREADS, f"parts={PARTS.get(name, 1)}")).encode(),
                 compiler.encode(),
                 _cpu_flags().encode(),
                 platform.machine().encode(),
@@ -104,7 +108,7 @@ def load(name: str) -> ctypes.CDLL | None:
     target = cache_folder() / f"{name}-{key}.so"
     try:
         if not target.exists():
-            _build(compiler, _SOURCES / f"{name}.c", target)
+            _build(compiler, _SOURCES / f"{name}.c", target, PARTS.get(name, 1))
         return ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("CPU kernel %s could not be built or loaded (%s); using the torch twin instead", name, exc)
@@ -125,23 +129,35 @@ def function(name: str, symbol: str, argtypes: tuple, restype=None):
     return fn
 
 
-def _build(compiler: str, source: Path, target: Path) -> None:
+def _build(compiler: str, source: Path, target: Path, parts: int = 1) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, partial = tempfile.mkstemp(prefix=target.stem, suffix=".tmp", dir=target.parent)
     os.close(fd)
+    objects = [f"{partial}.{part}.o" for part in range(parts)]
     try:
         for threads in _THREADS:
-            done = subprocess.run(
-                [compiler, *FLAGS, _arch_flag(), threads, f"-I{source.parent}", "-o", partial, str(source), "-lm"],
-                capture_output=True,
-                text=True,
-                timeout=_BUILD_TIMEOUT_S,
-            )
+            compile_ = [compiler, *FLAGS, _arch_flag(), threads, f"-I{source.parent}"]
+            if parts == 1:
+                done = _run([*compile_, "-shared", "-o", partial, str(source), "-lm"])
+            else:
+                commands = [
+                    [*compile_, f"-DTANDEM_PART={i}", "-c", "-o", objects[i], str(source)] for i in range(parts)
+                ]
+                with ThreadPoolExecutor(max_workers=parts) as pool:
+                    steps = list(pool.map(_run, commands))
+                done = next((step for step in steps if step.returncode != 0), None)
+                if done is None:
+                    done = _run([compiler, "-shared", threads, "-o", partial, *objects, "-lm"])
             if done.returncode == 0:
                 break
         else:
             raise subprocess.SubprocessError(f"{compiler} exited with {done.returncode}: {done.stderr.strip()[-2000:]}")
         os.replace(partial, target)
     finally:
-        if os.path.exists(partial):
-            os.remove(partial)
+        for path in (partial, *objects):
+            if os.path.exists(path):
+                os.remove(path)
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)

@@ -284,6 +284,7 @@ static void run_task(const Work *w, int64_t task) {
     run_task_generic(w, task);
 }
 
+#if !defined(TANDEM_PART) || TANDEM_PART == 0 /* part 1 makes the bfloat16 AVX2 instances only */
 /* Returns 0, or -1 for arguments outside what the kernel handles (the caller checks them first). */
 int paged_decode_attention(const void *q, const void *k_cache, const void *v_cache, void *out, int64_t page_stride,
                            int64_t slot_stride, int64_t head_stride, const int64_t *tables, int64_t table_stride,
@@ -301,3 +302,4 @@ int paged_decode_attention(const void *q, const void *k_cache, const void *v_cac
     for (int64_t task = 0; task < num_tasks; task++) run_task(&base, task);
     return 0;
 }
+#endif

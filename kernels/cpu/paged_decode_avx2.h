@@ -82,9 +82,11 @@ static inline float add_lanes8(__m256 v) {
 }
 
 /* softmax_block on a block's raw scores (lanes from `count` on are ignored): the weights, zero past
-   `count`, go to `weights`; returns the factor the earlier accumulation must shrink by. */
-static inline float softmax_avx2(const __m256 *scores, int64_t count, float *running_max, float *running_sum,
-                                 float *weights) {
+   `count`, go to `weights`; returns the factor the earlier accumulation must shrink by. Not inlined, as
+   store_avx2: GCC left both out of line in the whole file, while in a part of it (see the instances below)
+   it inlined them, and the bfloat16 instances came out 2-8% slower (one thread, alternated, five shapes). */
+static __attribute__((noinline)) float softmax_avx2(const __m256 *scores, int64_t count, float *running_max,
+                                                    float *running_sum, float *weights) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const int64_t vectors = (count + 7) / 8;
     __m256 valid[TOKENS / 8], top = _mm256_set1_ps(-INFINITY);
@@ -107,7 +109,8 @@ static inline float softmax_avx2(const __m256 *scores, int64_t count, float *run
 }
 
 /* The accumulator row in the dims' own order, then store_row's scaling and rounding. */
-static inline void store_avx2(const Work *w, int64_t offset, const __m256 *acc, int64_t chunks, int dtype, float inv) {
+static __attribute__((noinline)) void store_avx2(const Work *w, int64_t offset, const __m256 *acc, int64_t chunks,
+                                                 int dtype, float inv) {
     float row[MAX_DIM];
     for (int64_t c = 0; c < chunks; c++) {
         if (dtype == 1 && c < (chunks & ~(int64_t)1)) {
@@ -220,25 +223,48 @@ static inline __attribute__((always_inline)) void task_avx2(const Work *w, int64
     }
 }
 
-/* Instances for head sizes 64 and 128, GQA groups 1 to 8, both element types; others take the general one. */
+/* Instances for head sizes 64 and 128, GQA groups 1 to 8, both element types; others take the general one.
+   Built in two parts (kernels/cpu/build.py's PARTS), part T makes element type T's (0 float32, 1 bfloat16)
+   and its general one, and hands them to the other part through its table. */
+typedef void (*Task)(const Work *, int64_t);
+typedef struct {
+    Task sized[2][8]; /* [head size 64 or 128][group - 1] */
+    Task any;
+} Tasks;
+#ifdef TANDEM_PART
+#define TABLE_LINKAGE __attribute__((visibility("hidden")))
+#else
+#define TABLE_LINKAGE static
+#endif
 #define INSTANCE(T, G, C) \
     static void task_t##T##_g##G##_c##C(const Work *w, int64_t task) { task_avx2(w, task, G, C, T); }
-#define INSTANCES(T, C) INSTANCE(T, 1, C) INSTANCE(T, 2, C) INSTANCE(T, 3, C) INSTANCE(T, 4, C) INSTANCE(T, 5, C) \
+#define EACH_GROUP(T, C) INSTANCE(T, 1, C) INSTANCE(T, 2, C) INSTANCE(T, 3, C) INSTANCE(T, 4, C) INSTANCE(T, 5, C) \
     INSTANCE(T, 6, C) INSTANCE(T, 7, C) INSTANCE(T, 8, C)
 #define ROW(T, C) {task_t##T##_g1_c##C, task_t##T##_g2_c##C, task_t##T##_g3_c##C, task_t##T##_g4_c##C, \
                    task_t##T##_g5_c##C, task_t##T##_g6_c##C, task_t##T##_g7_c##C, task_t##T##_g8_c##C}
-INSTANCES(0, 8)
-INSTANCES(0, 16)
-INSTANCES(1, 8)
-INSTANCES(1, 16)
-static void (*const instances[2][2][8])(const Work *, int64_t) = {{ROW(0, 8), ROW(0, 16)}, {ROW(1, 8), ROW(1, 16)}};
+#define ELEMENT_TYPE(T)                                                                                            \
+    EACH_GROUP(T, 8)                                                                                               \
+    EACH_GROUP(T, 16)                                                                                              \
+    static void task_t##T##_any(const Work *w, int64_t task) {                                                     \
+        task_avx2(w, task, w->num_q_heads / w->num_kv_heads, w->head_dim / 8, T);                                 \
+    }                                                                                                              \
+    TABLE_LINKAGE const Tasks tasks_t##T = {{ROW(T, 8), ROW(T, 16)}, task_t##T##_any};
+#if !defined(TANDEM_PART) || TANDEM_PART == 0
+ELEMENT_TYPE(0)
+#else
+extern TABLE_LINKAGE const Tasks tasks_t0;
+#endif
+#if !defined(TANDEM_PART) || TANDEM_PART == 1
+ELEMENT_TYPE(1)
+#else
+extern TABLE_LINKAGE const Tasks tasks_t1;
+#endif
 
 static void run_task_avx2(const Work *w, int64_t task) {
     const int64_t group = w->num_q_heads / w->num_kv_heads, chunks = w->head_dim / 8;
+    const Tasks *tasks = w->dtype == 1 ? &tasks_t1 : &tasks_t0;
     if ((chunks == 8 || chunks == 16) && group <= 8)
-        instances[w->dtype][chunks / 16][group - 1](w, task);
-    else if (w->dtype == 1)
-        task_avx2(w, task, group, chunks, 1);
+        tasks->sized[chunks / 16][group - 1](w, task);
     else
-        task_avx2(w, task, group, chunks, 0);
+        tasks->any(w, task);
 }
