@@ -96,8 +96,10 @@ static inline __attribute__((always_inline)) __m256i dot_quads_scaled(const __m2
     __m256i dot = _mm256_setzero_si256();
     for (int quad = 0; quad < n; quad += per) {
         __m256i pairs = _mm256_maddubs_epi16(u[quad], bcast4(xq + 4 * quad));
-        for (int i = 1; i < per; i++)
+        for (int i = 1; i < per; i++) {
             pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[quad + i], bcast4(xq + 4 * (quad + i))));
+            KEEP_IN_REGISTER(pairs);
+        }
         dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, scale));
     }
     return dot;
