@@ -93,6 +93,7 @@ static inline __attribute__((always_inline)) void block_half(const int type, con
             for (int j = 0; j < 8; j++) {
                 const __m256i xj = _mm256_sign_epi8(bcast4(xq + 4 * j), sign[j]);
                 dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(u[j], xj), ones));
+                KEEP_IN_REGISTER(dot);
             }
         } else {
             dot = _mm256_add_epi32(dot, dot_quads(u, xq, 8, pairs));

@@ -306,6 +306,7 @@ static inline __attribute__((always_inline)) void tile_iq4xs(const uint8_t *t, i
             for (int quad = 0; quad < 8; quad++) {
                 const __m256i signed_x = _mm256_sign_epi8(bcast4(xq + 4 * quad), sign[quad]);
                 dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(u[quad], signed_x), ones));
+                KEEP_IN_REGISTER(dot);
             }
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, _mm256_set1_ps(q->dx[rb])), acc[r]);
         }
