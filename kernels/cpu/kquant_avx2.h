@@ -345,7 +345,8 @@ static int matmul_q8(int type, const uint16_t *x, int64_t x_stride, const uint8_
     }
     quantize_rows(type, x, x_stride, rows, k, &q, num_threads);
     /* as the VNNI path: single groups over the threads for a decode step, chunks of groups for prompts */
-    const int64_t per_chunk = groups_per_chunk(groups, rows, MAX_ROWS, CHUNK_GROUPS, num_threads), chunks = (groups + per_chunk - 1) / per_chunk;
+    const int64_t per_chunk = groups_per_chunk(groups, rows, MAX_ROWS, CHUNK_GROUPS, num_threads);
+    const int64_t chunks = (groups + per_chunk - 1) / per_chunk;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && groups >= 4)
     for (int64_t chunk = 0; chunk < chunks; chunk++) {
         const int64_t end = (chunk + 1) * per_chunk < groups ? (chunk + 1) * per_chunk : groups;
