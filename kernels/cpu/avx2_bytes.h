@@ -72,11 +72,12 @@ static inline void bf16_to_int8(const uint16_t *x, int n, float dx, int8_t *q) {
     }
 }
 
-/* The int32 sums of n quads u[0 .. n - 1] times xq[0 .. 4n - 1] for 8 weight rows: what the VNNI paths'
-   vpdpbusd chains sum (block32_avx2.h's unsigned types, kquant_avx2.h's Q2_K and Q3_K). vpmaddubsw's int16
-   pairs are exact while u <= 128 (2 * 128 * 128 fits); `per` quads' pairs are added in int16 before vpmaddwd,
-   where the caller's u keeps per * 2 * 128 * max u within int16. */
-static inline __attribute__((always_inline)) __m256i dot_quads(const __m256i *u, const int8_t *xq, int n, int per) {
+/* The int32 sums of n quads u[0 .. n - 1] times xq[0 .. 4n - 1] for 8 weight rows, each int16 pair multiplied
+   by `scale` (int16, both halves of a lane alike) in vpmaddwd. vpmaddubsw's int16 pairs are exact while
+   u <= 128 (2 * 128 * 128 fits); `per` quads' pairs are added in int16 before vpmaddwd, where the caller's u
+   keeps per * 2 * 128 * max u within int16. */
+static inline __attribute__((always_inline)) __m256i dot_quads_scaled(const __m256i *u, const int8_t *xq, int n,
+                                                                      int per, __m256i scale) {
     __m256i dot = _mm256_setzero_si256();
     for (int quad = 0; quad < n; quad += per) {
         __m256i pairs = _mm256_maddubs_epi16(u[quad], bcast4(xq + 4 * quad));
@@ -84,9 +85,15 @@ static inline __attribute__((always_inline)) __m256i dot_quads(const __m256i *u,
             pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[quad + i], bcast4(xq + 4 * (quad + i))));
             KEEP_IN_REGISTER(pairs);
         }
-        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, scale));
     }
     return dot;
+}
+
+/* The unscaled sums: what the VNNI paths' vpdpbusd chains sum (block32_avx2.h's unsigned types, kquant_avx2.h's
+   Q2_K and Q3_K). */
+static inline __attribute__((always_inline)) __m256i dot_quads(const __m256i *u, const int8_t *xq, int n, int per) {
+    return dot_quads_scaled(u, xq, n, per, _mm256_set1_epi16(1));
 }
 
 /* A 16-row group's float32 sums for one row of x (acc[0] rows 0-7, acc[1] rows 8-15) rounded to bf16 into o. */

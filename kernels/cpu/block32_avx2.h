@@ -13,7 +13,6 @@
 #include "avx2_bytes.h"
 
 #define MAX_ROWS 8     /* rows of x sharing one unpacked tile */
-#define CHUNK_GROUPS 4 /* groups of weight rows a tile of x passes over while they sit in L2 */
 
 typedef struct {
     int8_t *xq;     /* [rows, k] */
@@ -166,7 +165,7 @@ static int matmul_q8(int type, Layout l, const uint16_t *x, int64_t x_stride, co
         return -1;
     }
     quantize_rows(x, x_stride, rows, k, &q, num_threads);
-    const int64_t per_chunk = groups_per_chunk(groups, rows, MAX_ROWS, CHUNK_GROUPS, num_threads);
+    const int64_t per_chunk = groups_per_chunk(groups, rows, MAX_ROWS, num_threads);
     const int64_t chunks = (groups + per_chunk - 1) / per_chunk;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && groups >= 4)
     for (int64_t chunk = 0; chunk < chunks; chunk++) {

@@ -65,7 +65,6 @@ static inline int qs_offset(Layout l) { return 32 * (1 + l.has_min) + 64 * l.has
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 
 #define MAX_ROWS 8     /* rows of x sharing one unpacked tile */
-#define CHUNK_GROUPS 4 /* groups of weight rows (64 rows) a tile of x passes over while they sit in L2 */
 
 typedef struct {
     int8_t *xq;  /* [rows, k] */
@@ -179,9 +178,8 @@ static int matmul_q8(int type, Layout l, const uint16_t *x, int64_t x_stride, co
         return -1;
     }
     quantize_rows(x, x_stride, rows, k, &q);
-    /* A decode step (one tile of x) spreads single groups over the threads; prompts take chunks of groups,
-       so each tile of x is read once per chunk rather than once per group. */
-    const int64_t per_chunk = groups_per_chunk(groups, rows, MAX_ROWS, CHUNK_GROUPS, num_threads);
+    /* single groups over the threads for a decode step, chunks of groups for prompts (chunks.h) */
+    const int64_t per_chunk = groups_per_chunk(groups, rows, MAX_ROWS, num_threads);
     const int64_t chunks = (groups + per_chunk - 1) / per_chunk;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && groups >= 4)
     for (int64_t chunk = 0; chunk < chunks; chunk++) {

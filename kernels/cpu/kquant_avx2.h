@@ -15,7 +15,6 @@
 #include "avx2_bytes.h"
 
 #define MAX_ROWS 8     /* rows of x sharing one unpacked tile */
-#define CHUNK_GROUPS 4 /* groups of 16 weight rows a tile of x passes over while they sit in L2 */
 
 typedef struct {
     int8_t *xq;  /* [rows, k] */
@@ -88,21 +87,6 @@ static inline __m256i int16_pair(__m256i a, __m256i b) {
 /* xs[0] and xs[1] (sub-block sums of xq, |xs| <= 32 * 128) as one int16 pair, in every lane. */
 static inline __m256i xs_pair(const int32_t *xs) {
     return _mm256_set1_epi32((int32_t)(((uint32_t)xs[1] << 16) | (uint16_t)xs[0]));
-}
-
-/* dot_quads with each int16 pair multiplied by `scale` (int16, both halves of a lane alike) in vpmaddwd. */
-static inline __attribute__((always_inline)) __m256i dot_quads_scaled(const __m256i *u, const int8_t *xq, int n, int per,
-                                                                      __m256i scale) {
-    __m256i dot = _mm256_setzero_si256();
-    for (int quad = 0; quad < n; quad += per) {
-        __m256i pairs = _mm256_maddubs_epi16(u[quad], bcast4(xq + 4 * quad));
-        for (int i = 1; i < per; i++) {
-            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[quad + i], bcast4(xq + 4 * (quad + i))));
-            KEEP_IN_REGISTER(pairs);
-        }
-        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, scale));
-    }
-    return dot;
 }
 
 /* A Q4_K/Q5_K half tile's 6-bit scales and mins: bytes j % 4 of scales[j / 4] and mins[j / 4] per row lane. */
@@ -344,8 +328,8 @@ static int matmul_q8(int type, const uint16_t *x, int64_t x_stride, const uint8_
         return -1;
     }
     quantize_rows(type, x, x_stride, rows, k, &q, num_threads);
-    /* as the VNNI path: single groups over the threads for a decode step, chunks of groups for prompts */
-    const int64_t per_chunk = groups_per_chunk(groups, rows, MAX_ROWS, CHUNK_GROUPS, num_threads);
+    /* single groups over the threads for a decode step, chunks of groups for prompts (chunks.h) */
+    const int64_t per_chunk = groups_per_chunk(groups, rows, MAX_ROWS, num_threads);
     const int64_t chunks = (groups + per_chunk - 1) / per_chunk;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && groups >= 4)
     for (int64_t chunk = 0; chunk < chunks; chunk++) {
