@@ -7,7 +7,7 @@ from engine.generator.job import DynamicJob
 from engine.generator.sampler import SamplerSettings
 from engine.loading import model as _loading  # noqa: F401  (registers Model.load's loader)
 from engine.models import Batch, Model
-from engine.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 from engine.vision.embedding import MMEmbedding
 
 __all__ = [

@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_arguments(s)
     b = sub.add_parser("bench", help="speed and memory against transformers on the same model")
     try:
-        from engine import bench
+        from engine.bench import compare as bench
     except ImportError:
         bench = None
     if bench is not None:

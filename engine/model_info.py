@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import CorruptFileError, MissingFileError, ModelLoadError
 from engine.models.registry import supported_architectures, vision_architectures
 
@@ -115,8 +115,8 @@ def gguf_file_type_name(value: Any) -> str | None:
 @lru_cache(maxsize=64)
 def _gguf_info(path: Path, mtime_ns: int, size: int) -> ModelInfo:
     # Keyed by modification time and size, so a file replaced on disk is read again.
-    from engine.config_gguf import ARCHITECTURES, read_gguf_config
-    from engine.gguf_file import GGUFFile
+    from engine.config.gguf import ARCHITECTURES, read_gguf_config
+    from engine.gguf.file import GGUFFile
 
     file = GGUFFile.open(path)  # maps the file and parses the header; tensor data is never touched
     arch = file.architecture
@@ -177,7 +177,7 @@ def _with_tower(info: ModelInfo, mmproj: Path) -> ModelInfo:
 
 @lru_cache(maxsize=16)
 def _mmproj_totals(path: Path, mtime_ns: int, size: int) -> tuple[Counter[str], int, int]:
-    from engine.gguf_file import GGUFFile
+    from engine.gguf.file import GGUFFile
 
     return _tensor_totals(GGUFFile.open(path))
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from kernels import dispatch
-from kernels import triton as triton_kernels  # imports triton itself only on the first CUDA call
+from kernels.triton import candidates as triton_kernels  # imports triton itself only on the first CUDA call
 from kernels.cpu import attention as cpu_attention
 from kernels.cpu import blocks as cpu_blocks
 from kernels.cpu import build as cpu_build

@@ -218,7 +218,7 @@ def build_tag_tokenizer(tmp_path):
     tok.add_tokens([AddedToken("</think>", special=False, normalized=False)])
     tok.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>", "add_bos_token": false}')
-    from engine.tokenizer import Tokenizer
+    from engine.tokenizer.tokenizer import Tokenizer
 
     return Tokenizer.load(tmp_path)
 

@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.loading.model import default_dtype, default_quantized, parse_dtype
 from engine.memory_fit import CONTEXT_STEP, OVERHEAD_BYTES, MemoryNeed, NotEnoughMemoryError, format_bytes
 from engine.memory_fit import kv_bytes_per_token as kv_cache_bytes_per_token

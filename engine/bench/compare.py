@@ -169,7 +169,7 @@ def _run_other_sides(
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark described by the parsed `bench` options; prints the table. Returns the exit code."""
     _check_args(args)
-    from engine.tokenizer import Tokenizer
+    from engine.tokenizer.tokenizer import Tokenizer
 
     path = _model_path(args.model)
     log.info("building prompts with %s's tokenizer", path.name)

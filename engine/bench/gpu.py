@@ -66,7 +66,7 @@ def decode_ceiling(weight_bytes: int, kv_bytes_per_token: int, batch_size: int, 
 
 def random_model(device: torch.device, dtype: torch.dtype, config: dict | None = None):
     """A random-weight Llama (`config`, Llama 3.2 1B's shapes by default) in `dtype` on `device`."""
-    from engine.config import ModelConfig
+    from engine.config.model import ModelConfig
     from engine.models.llama import LlamaForCausalLM
 
     model_config = ModelConfig.from_hf_dict(config or LLAMA_1B)
@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("No CUDA GPU is available (torch.cuda.is_available() is False), so nothing was measured:")
         print("engine.bench.gpu times the Triton kernels on a GPU. On CPU the engine runs the torch twins.")
         return 0
-    from kernels import triton as triton_kernels
+    from kernels.triton import candidates as triton_kernels
 
     if not triton_kernels.is_available():
         print("triton is not installed, so the Triton kernels cannot run: pip install 'triton==3.9.0'")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 
 
 class Cache:

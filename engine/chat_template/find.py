@@ -45,7 +45,7 @@ def find_chat_template(path: str | Path) -> str | None:
 
 def _from_gguf(path: Path) -> str | None:
     # Imported here so that templates of HF folders never load the gguf package.
-    from engine.gguf_file import GGUFFile
+    from engine.gguf.file import GGUFFile
 
     value = GGUFFile.open(path).metadata.get("tokenizer.chat_template")
     if value is not None and not isinstance(value, str):

@@ -21,15 +21,15 @@ from typing import Any
 import torch
 
 from engine.cache.cache import Cache
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import MissingFileError, ModelLoadError
-from engine.generator.cfg import padding_id
+from engine.generator.guidance import padding_id
 from engine.generator.dynamic import DynamicGenerator
 from engine.generator.dynamic_async import DynamicGeneratorAsync, DynamicJobAsync
 from engine.generator.job import DynamicJob
 from engine.generator.sampler import SamplerSettings
 from engine.models.base import Model
-from engine.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 from engine.vision.embedding import MMEmbedding
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,8 @@ class ExLlamaV2Config:
             self._gguf = None
             config = ModelConfig.from_file(path / "config.json")
         elif path.suffix.lower() == ".gguf":
-            from engine.config_gguf import read_gguf_config
-            from engine.gguf_file import GGUFFile
+            from engine.config.gguf import read_gguf_config
+            from engine.gguf.file import GGUFFile
 
             if self._gguf is None or self._gguf.path != path:  # examples call prepare() twice
                 self._gguf = GGUFFile.open(path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from engine.cache.page_table import PageTable
-from engine.generator import cfg
+from engine.generator import guidance
 from engine.generator.images import check_embeddings_fit
 from engine.generator.job import DynamicJob
 from engine.vision.embedding import is_mm_id
@@ -33,7 +33,7 @@ def check_job(job: DynamicJob, model, page_table: PageTable, max_batch_size: int
             "larger, shorten the prompt, or lower max_new_tokens"
         )
     if job.negative_ids is not None:
-        cfg.check_fits(job, vocab, max_batch_size, page_table.pages_for, num_pages, max_seq_len)
+        guidance.check_fits(job, vocab, max_batch_size, page_table.pages_for, num_pages, max_seq_len)
     if total > max_seq_len:
         raise ValueError(
             f"the job needs {total} tokens (prompt {len(job.prompt_ids)} + max_new_tokens "

@@ -19,7 +19,7 @@ import torch
 
 from engine.cache.cache import Cache
 from engine.cache.page_table import PageTable
-from engine.generator import cfg, convenience
+from engine.generator import convenience, guidance
 from engine.generator.checks import check_job
 from engine.generator.filters import MaskWorkers
 from engine.generator.images import splice_inputs
@@ -114,7 +114,7 @@ class DynamicGenerator:
             return [self.enqueue(j) for j in job]
         if not isinstance(job, DynamicJob):
             raise TypeError(f"enqueue takes a DynamicJob or a list of them, not {type(job).__name__}")
-        cfg.strip_left_padding(job, self.tokenizer)
+        guidance.strip_left_padding(job, self.tokenizer)
         self.validate(job)
         with self._lock:
             job.serial = self._next_serial
@@ -303,7 +303,7 @@ class DynamicGenerator:
             return results
         if any(s.seq.shadow for s in steps):
             scales = {s.seq.serial: self._sessions[s.seq.serial].job.cfg_scale for s in steps if s.seq.shadow}
-            steps, logits = cfg.mix_pairs(steps, logits, {k: len(d) + 1 for k, d in drafts.items()}, scales)
+            steps, logits = guidance.mix_pairs(steps, logits, {k: len(d) + 1 for k, d in drafts.items()}, scales)
         plain, plain_rows, row = [], [], 0
         now = time.perf_counter()
         for step in steps:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from engine.generator.cfg import check_cfg_scale, split_prompt_pair
+from engine.generator.guidance import check_cfg_scale, split_prompt_pair
 from engine.generator.filters import Filter
 from engine.generator.images import check_job_embeddings
 from engine.generator.sampler import SamplerSettings
@@ -119,7 +119,7 @@ class DynamicJob:
     """A generation request. Create it, hand it to `DynamicGenerator.enqueue`, read results from `iterate()`.
 
     input_ids may be a (positive, negative) prompt pair for classifier-free guidance with gen_settings.cfg_scale
-    (see engine.generator.cfg), the scale read when the job is made; a single prompt ignores cfg_scale. A pair
+    (see engine.generator.guidance), the scale read when the job is made; a single prompt ignores cfg_scale. A pair
     given as one [2, n] tensor is taken to be left-padded, and its padding is stripped at enqueue.
 
     With `reasoning` (an engine.reasoning.ReasoningFormat, e.g. from reasoning_format_of(template, tokenizer))

@@ -30,7 +30,7 @@ class SamplerSettings:
     the whole history. ``dry_sequence_breakers`` are strings, tokenised when a job's
     :class:`SamplerState` is made. ``token_bias`` is a ``[V]`` float tensor or ``{id: bias}``.
     ``cfg_scale`` is the guidance scale of a job given a (positive, negative) prompt pair; the generator
-    mixes the two rows (see :mod:`engine.generator.cfg`) before :func:`sample`, and a one-prompt job ignores it.
+    mixes the two rows (see :mod:`engine.generator.guidance`) before :func:`sample`, and a one-prompt job ignores it.
 
     Every assignment is checked: an unknown name raises ``TypeError`` (constructor) or
     ``AttributeError`` (attribute), a value out of range raises ``ValueError``.

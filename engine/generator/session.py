@@ -47,7 +47,7 @@ class JobSession:
     # --- lifecycle -----------------------------------------------------------------------------------------
 
     def start(self, now: float, vocab_size: int) -> None:
-        from engine.detokenizer import StreamingDetokenizer
+        from engine.tokenizer.detokenizer import StreamingDetokenizer
 
         self.time_admitted = now
         self.vocab_size = vocab_size
@@ -197,7 +197,7 @@ class JobSession:
         self.state.truncate(len(self.prompt_ids) + token_idx)
         self.text.rewind(token_idx)
         # Rebuild the detokenizer's partial-character state from the kept tokens.
-        from engine.detokenizer import StreamingDetokenizer
+        from engine.tokenizer.detokenizer import StreamingDetokenizer
 
         self.detok = StreamingDetokenizer(self.tokenizer, decode_special_tokens=self.job.decode_special_tokens)
         for t in self.generated:

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import CorruptFileError, ModelLoadError
-from engine.gguf_file import GGUFFile
-from engine.loading.gguf_tensors import check_types, dequantize
+from engine.gguf.file import GGUFFile
+from engine.gguf.tensors import check_types, dequantize
 from engine.loading.mmproj_families import FAMILIES, MmprojError
 from engine.loading.mmproj_packed import read_packable, translate_packed
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from engine.loading.gguf_tensors import (
+from engine.gguf.tensors import (
     INT4_TYPES,
     INT8_TYPES,
     block_weight,
@@ -59,7 +59,7 @@ class Packable:
 
 def read_packable(tensors: list[Any], dtype: torch.dtype, device: torch.device) -> dict[str, Packable]:
     """The quantized 2-D weights of an mmproj that a kernel on `device` reads packed, by GGUF name: the text
-    loader's choice (engine/loading/gguf.py with quantized="int4"): blocks where a block kernel takes them,
+    loader's choice (engine/gguf/checkpoint.py with quantized="int4"): blocks where a block kernel takes them,
     else Q4_0 / Q4_1 as 4-bit and Q8_0 as two 4-bit planes. Embeddings (patch, position, class, the image
     break row), convolutions, norms and biases are not among them: they are read as floats."""
     found: dict[str, Packable] = {}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import MissingFileError, ModelLoadError, UnsupportedArchitectureError
 from engine.memory import release_freed_memory
 from engine.models.base import Model
@@ -76,7 +76,7 @@ def load_model(
             raise ModelLoadError(
                 f"{path} is a file but not a .gguf file. Pass a .gguf file or the folder holding config.json."
             )
-        from engine.loading.gguf import load_gguf
+        from engine.gguf.checkpoint import load_gguf
 
         # GGUF checkpoints are mostly quantized: their "native" dtype says nothing, so use the device default.
         target = dtype or default_dtype(device, None)

@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import TensorMismatchError
 from engine.memory import release_freed_memory
 from engine.models.batch import Batch
@@ -70,7 +70,7 @@ class Model(nn.Module):
     def tokenizer(self):
         """The model's tokenizer, loaded from the same files on first use."""
         if self._tokenizer is None:
-            from engine.tokenizer import Tokenizer
+            from engine.tokenizer.tokenizer import Tokenizer
 
             if self.source_path is None:
                 raise AttributeError("this model was not loaded from files, so it has no tokenizer")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.models import decode_plan
 from engine.models.base import Model
 from engine.models.batch import Batch

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 
 

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 
 
 def inverse_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = None) -> torch.Tensor:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import UnsupportedArchitectureError
 from engine.models.base import Model
 from engine.models.batch import Batch

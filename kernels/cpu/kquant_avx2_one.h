@@ -6,7 +6,7 @@
    broadcast each quad of x twice. Here both halves' quads meet the same broadcast of x while their line is
    in L1. Per output row the arithmetic is the two-pass path's: the same exact integer sums, then the same
    float multiplies and multiply-adds in the same order, so a row's result does not depend on how many rows
-   of x came with it (tests/kernels/test_cpu_blocks.py: each row as if alone). */
+   of x came with it (tests/kernels/cpu/test_blocks.py: each row as if alone). */
 
 /* Q4_K or Q5_K (`five`): acc[half] lane i += output row 8 * half + i, for row `row` of x. */
 static inline __attribute__((always_inline)) void tile_q45k_one(const int five, const uint8_t *t, int64_t b,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine.chat_prompt import encode_chat
 from engine.chat_template import ChatTemplate
-from engine.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
 

@@ -14,7 +14,7 @@ import itertools
 
 import pytest
 
-from engine.detokenizer import StreamingDetokenizer
+from engine.tokenizer.detokenizer import StreamingDetokenizer
 from engine.reasoning import ReasoningFormat, reasoning_format, reasoning_format_of, split_reasoning
 
 THINK = ReasoningFormat("<think>", "</think>")

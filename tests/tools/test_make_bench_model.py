@@ -55,7 +55,7 @@ def tiny_files(tmp_path_factory, starter_gguf) -> dict[str, Path]:
 def starter(starter_gguf) -> dict:
     """The starter's tokenizer.* metadata and its ids for "Hello world"."""
     from engine import Tokenizer
-    from engine.gguf_file import GGUFFile
+    from engine.gguf.file import GGUFFile
 
     metadata = GGUFFile.open(starter_gguf).metadata
     return {
@@ -89,7 +89,7 @@ def test_bench_file_loads_generates_and_has_the_starters_tokenizer(tiny_files, s
     from gguf.quants import dequantize
 
     from engine import Cache, DynamicGenerator, DynamicJob, Model, SamplerSettings
-    from engine.gguf_file import GGUFFile
+    from engine.gguf.file import GGUFFile
 
     # Opened once through the engine's cache, which Model.load then reuses: parsing the vocabulary takes seconds.
     file = GGUFFile.open(tiny_files[type_name])

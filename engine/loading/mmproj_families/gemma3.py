@@ -8,7 +8,7 @@ from engine.loading.mmproj_families.base import SIGLIP_BLOCK, MmprojError, Tenso
 
 
 def translate_gemma3(meta: dict[str, Any], raw: Tensors, text_meta: dict[str, Any], source: str):
-    from engine.config_gguf import gemma3_text_keys
+    from engine.config.gguf import gemma3_text_keys
     from engine.models.llava.processor import ImageProcessor
 
     name = source.removesuffix(" metadata")

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import UnsupportedArchitectureError
 from engine.models.batch import Batch
 from engine.models.gemma3.projector import Gemma3Projector

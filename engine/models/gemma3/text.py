@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.config import ModelConfig, RopeScaling
+from engine.config.model import ModelConfig, RopeScaling
 from engine.errors import ModelLoadError
 from engine.models.base import Model
 from engine.models.batch import Batch
@@ -34,7 +34,7 @@ from kernels import ops
 
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 _LAYER_TYPES = ("sliding_attention", "full_attention")
-# transformers' Gemma3TextConfig defaults for the keys only Gemma reads (the shared ones are in engine.config).
+# transformers' Gemma3TextConfig defaults for the keys only Gemma reads (the shared ones are in engine.config.model).
 _GLOBAL_THETA = 1_000_000.0
 _LOCAL_THETA = 10_000.0
 _SLIDING_WINDOW_PATTERN = 6

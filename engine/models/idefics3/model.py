@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import ModelLoadError
 from engine.models.idefics3.connector import Idefics3Connector
 from engine.models.idefics3.processor import FAKE_IMAGE_TOKEN, GLOBAL_IMAGE_TOKEN, image_prompt

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import ModelLoadError
 from engine.models.llava.clip import VisionConfig
 from engine.models.llava.projector import LlavaProjector

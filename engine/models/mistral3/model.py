@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import ModelLoadError
 from engine.models.layers import RMSNorm
 from engine.models.linear import Linear
@@ -39,7 +39,7 @@ from engine.vision.handle import VisionHandle
 from engine.vision.layers import activation, config_value, read_feature_layers
 
 # transformers' Mistral3Config builds this encoder when config.json leaves vision_config out (a partial one
-# takes PixtralVisionConfig's own defaults instead). Its text defaults are in engine/config_families.py.
+# takes PixtralVisionConfig's own defaults instead). Its text defaults are in engine/config/families.py.
 _MISTRAL3_VISION = PixtralVisionConfig(patch_size=14, image_size=1540)
 
 
@@ -184,7 +184,7 @@ class PixtralLlavaForConditionalGeneration(Mistral3ForConditionalGeneration):
 
     @staticmethod
     def check_config(config: ModelConfig) -> None:
-        """Refuse a feature strategy that drops a patch (LLaVA's defaults come from engine/config_families.py)."""
+        """Refuse a feature strategy that drops a patch (LLaVA's defaults come from engine/config/families.py)."""
         strategy = config.extra.get("vision_feature_select_strategy", "default")
         if strategy != "full":
             # "default" drops the first token of the whole multi-image sequence (CLIP's class token elsewhere),

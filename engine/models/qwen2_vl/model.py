@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import ModelLoadError
 from engine.models.qwen2_vl.tower import Grid, Qwen2VisionConfig, Qwen2VisionTransformer
 from engine.models.rope import MultimodalRotaryTable, inverse_frequencies

@@ -12,7 +12,9 @@ import math
 
 import pytest
 
-from engine import bench
+from engine.bench import compare as bench
+from engine.bench.table import build_rows
+from engine.bench.workload import build_workload
 
 ROW_LABELS = [
     "single-stream decode tok/s",
@@ -81,7 +83,7 @@ def test_bench_runs_both_sides_and_prints_every_row(tiny_folder, tmp_path, capsy
         assert 0 <= side["cpu_wait_share"] <= 1
     assert ours["aggregate_tps"] > 0 and ours["turn2_warm_ttft_s"] > 0 and hf["batched_tps"] > 0
     # The second turn extends the first, so every full 16-token page of turn 1's prompt is reused.
-    turn1_len = len(bench.build_workload(_tokenizer(tiny_folder), small_args(tiny_folder))["turn1"])
+    turn1_len = len(build_workload(_tokenizer(tiny_folder), small_args(tiny_folder))["turn1"])
     assert ours["turn2_cached_tokens"] >= turn1_len // 16 * 16
     assert ours["turn2_prompt_tokens"] > turn1_len
     assert len(data["config"]["prompt_tokens"]["jobs"]) == 3
@@ -133,7 +135,7 @@ def test_feature_rows_compare_against_no_speculation():
         "json_eos_reason": "end_filter",
         "spec_drafts": [{"layers": 8, "tps": 10.0, "acceptance": 0.01, "departs_at": 370}],
     }  # fmt: skip
-    rows = bench.build_rows(args, {}, {"ours": ours})
+    rows = build_rows(args, {}, {"ours": ours})
     assert [r["ours"] for r in rows] == ["20.0", "40.0", "10.0", "20.0", "16.0"]
     assert rows[1]["result"] == "2.00x no speculation; 50% of drafts accepted"
     assert rows[2]["metric"].strip() == "self-speculation draft: first 8 of 30 layers, 4 draft tokens"
@@ -145,18 +147,18 @@ def test_feature_rows_compare_against_no_speculation():
     assert rows[4]["result"] == "+25% time per token"  # 1/16 s vs 1/20 s per token
     assert all(r["transformers"] == "n/a" and r["target"] == "" for r in rows)
     ours["spec_ngram_acceptance"] = math.nan  # the prompt gave the n-gram drafter nothing to find
-    assert bench.build_rows(args, {}, {"ours": ours})[1]["result"] == "2.00x no speculation; no drafts"
+    assert build_rows(args, {}, {"ours": ours})[1]["result"] == "2.00x no speculation; no drafts"
 
 
 def _tokenizer(folder):
-    from engine.tokenizer import Tokenizer
+    from engine.tokenizer.tokenizer import Tokenizer
 
     return Tokenizer.load(folder)
 
 
 def test_workload_mixes_lengths_without_shared_prefixes(tiny_folder):
     args = small_args(tiny_folder, "--jobs", "5", "--max-prompt-tokens", "200")
-    jobs = bench.build_workload(_tokenizer(tiny_folder), args)["jobs"]
+    jobs = build_workload(_tokenizer(tiny_folder), args)["jobs"]
     lengths = [len(j) for j in jobs]
     assert max(lengths) >= 200 and max(lengths) - min(lengths) > 100
 
@@ -169,18 +171,18 @@ def test_workload_mixes_lengths_without_shared_prefixes(tiny_folder):
 
 def test_rows_without_transformers_say_na(tiny_folder):
     args = small_args(tiny_folder)
-    workload = bench.build_workload(_tokenizer(tiny_folder), args)
+    workload = build_workload(_tokenizer(tiny_folder), args)
     ours = {
         "single_decode_tps": 10.0, "single_ttft_s": 0.1, "aggregate_tps": 50.0, "turn2_warm_ttft_s": 0.01,
         "turn2_cold_ttft_s": 0.2, "turn2_cached_tokens": 96, "turn2": [1] * 120, "peak_rss_mib": 500.0,
         "rss_after_import_mib": 300.0, "load_s": 1.0,
     }  # fmt: skip
-    rows = bench.build_rows(args, workload, {"ours": ours})
+    rows = build_rows(args, workload, {"ours": ours})
     assert [r["transformers"] for r in rows[:2]] == ["n/a", "n/a"]
     assert rows[0]["result"] == rows[2]["result"] == "n/a"  # no baseline, no verdict
     assert rows[3]["result"] == "PASS (5.0%)" and rows[3]["ours"] == "10 ms"
     ours["turn2_warm_ttft_s"] = 0.03
-    assert bench.build_rows(args, workload, {"ours": ours})[3]["result"] == "MISS (15.0%)"
+    assert build_rows(args, workload, {"ours": ours})[3]["result"] == "MISS (15.0%)"
 
 
 @pytest.mark.parametrize(

@@ -300,7 +300,7 @@ def test_bad_role_order_raises_like_transformers(model_folders):
 @pytest.fixture(scope="module")
 def starter(starter_gguf, starter_hf_tokenizer):
     """(our ChatTemplate, transformers tokenizer) for the starter GGUF."""
-    from engine.gguf_file import GGUFFile
+    from engine.gguf.file import GGUFFile
 
     path = Path(starter_gguf)
     metadata = GGUFFile(path).metadata

@@ -15,7 +15,7 @@ from engine.errors import (
     TensorMismatchError,
     UnsupportedArchitectureError,
 )
-from engine.loading.gguf import load_gguf
+from engine.gguf.checkpoint import load_gguf
 
 LLAMA_ODD = dict(
     hidden_size=48, intermediate_size=72, num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=1

@@ -12,8 +12,8 @@ import torch
 import transformers
 
 from engine.cache import Cache
-from engine.config_gguf import gemma3_text_keys
-from engine.loading.gguf import load_gguf
+from engine.config.gguf import gemma3_text_keys
+from engine.gguf.checkpoint import load_gguf
 from engine.models import Batch, Model
 from engine.models.gemma3 import Gemma3ForCausalLM
 

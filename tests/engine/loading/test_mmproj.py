@@ -428,7 +428,7 @@ def test_a_text_model_with_llama3_rope_factors_is_not_paired_yet(pair, tmp_path)
 
 
 def _tokens(path: Path) -> list[str]:
-    from engine.gguf_file import GGUFFile
+    from engine.gguf.file import GGUFFile
 
     return list(GGUFFile.open(path).metadata["tokenizer.ggml.tokens"])
 

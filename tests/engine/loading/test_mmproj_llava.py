@@ -32,7 +32,7 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from engine.gguf_file import GGUFFile
+from engine.gguf.file import GGUFFile
 from engine.models import Model
 from engine.vision.handle import vision_of
 
@@ -81,7 +81,7 @@ def legacy(converter) -> dict[str, Path]:
 
 
 def build_llava_clip(folder: Path, tokenizer_json: Path) -> None:
-    """llava-1.5-7b-hf's shape in small (tests/engine/hf_configs): a CLIP tower (quick GELU, class token, 8-pixel
+    """llava-1.5-7b-hf's shape in small (tests/engine/config/hf_configs): a CLIP tower (quick GELU, class token, 8-pixel
     patches of 32-pixel pictures) read at its second to last layer without the class token, a GELU projector and
     a Llama text model. The tower's own projection_dim (768 there) is not the text width, as in every such file."""
     tok = transformers.PreTrainedTokenizerFast(

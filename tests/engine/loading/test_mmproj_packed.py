@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.gguf_file import GGUFFile
-from engine.loading.gguf_tensors import dequantize
+from engine.gguf.file import GGUFFile
+from engine.gguf.tensors import dequantize
 from engine.loading.mmproj_packed import read_packable, translate_packed
 from engine.models import Model
 from engine.models.linear import Linear

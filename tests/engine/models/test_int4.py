@@ -141,7 +141,7 @@ def test_misspelled_quantized_option_is_an_error(tmp_path):
 
 
 def test_q8_0_projections_and_tied_head_pack_as_two_planes(tmp_path):
-    from engine.loading.gguf import load_gguf
+    from engine.gguf.checkpoint import load_gguf
 
     model = kit.tiny_model("LlamaForCausalLM", tie_word_embeddings=True, **TINY)
     path = kit.write_gguf(tmp_path / "tied.gguf", model, "Q8_0").path
@@ -157,7 +157,7 @@ def test_q8_0_projections_and_tied_head_pack_as_two_planes(tmp_path):
 
 
 def test_an_untied_q8_0_head_packs_too(tmp_path):
-    from engine.loading.gguf import load_gguf
+    from engine.gguf.checkpoint import load_gguf
 
     model = kit.tiny_model("LlamaForCausalLM", tie_word_embeddings=False, **TINY)
     path = kit.write_gguf(tmp_path / "untied.gguf", model, "Q8_0").path
@@ -210,7 +210,7 @@ def test_starter_packed_matches_dequantized(starter_gguf):
 
 def test_mixed_quant_types_in_one_fused_projection_fall_back_to_float(tmp_path):
     # real Q4 files keep some tensors at higher precision; a fused qkv with one float part is dequantized whole
-    from engine.loading.gguf import load_gguf
+    from engine.gguf.checkpoint import load_gguf
     from engine.models.llama import LlamaForCausalLM
 
     path = _write(tmp_path, "LlamaForCausalLM", "Q4_1")

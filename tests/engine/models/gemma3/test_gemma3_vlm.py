@@ -18,7 +18,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from engine.cache import Cache
 from engine.chat_template import ChatTemplate
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import ModelLoadError, UnsupportedArchitectureError
 from engine.generator.dynamic import DynamicGenerator
 from engine.generator.images import splice_inputs

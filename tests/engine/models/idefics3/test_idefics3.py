@@ -18,7 +18,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from engine.cache import Cache
 from engine.chat_template import ChatTemplate
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import ModelLoadError, TensorMismatchError, UnsupportedArchitectureError
 from engine.generator.dynamic import DynamicGenerator
 from engine.generator.images import splice_inputs
@@ -27,7 +27,7 @@ from engine.generator.sampler import SamplerSettings
 from engine.models import Batch, Model
 from engine.models.idefics3 import Idefics3ForConditionalGeneration
 from engine.models.registry import model_class
-from engine.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 from engine.vision.handle import vision_of
 from engine.vision.prompt import render_with_images
 

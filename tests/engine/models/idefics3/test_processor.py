@@ -18,7 +18,7 @@ from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_stri
 
 from engine.errors import CorruptFileError, MissingFileError
 from engine.models.idefics3.processor import Idefics3ImageProcessor, image_prompt, longest_edge_hw
-from engine.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 
 REFERENCES = {"idefics3": transformers.Idefics3ImageProcessorPil, "smolvlm": transformers.SmolVLMImageProcessorPil}
 

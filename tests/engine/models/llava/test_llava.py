@@ -14,11 +14,11 @@ from PIL import Image, ImageDraw
 from safetensors.torch import load_file, save_file
 
 from engine.cache import Cache
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import ModelLoadError, UnsupportedArchitectureError
 from engine.models import Batch, Model
 from engine.models.llava import LlavaForConditionalGeneration
-from engine.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 from engine.vision.handle import vision_of
 
 VOCAB = 211

@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import ModelLoadError, TensorMismatchError
 from engine.models.llava import LlavaForConditionalGeneration
 from engine.models.mistral3 import PixtralLlavaForConditionalGeneration

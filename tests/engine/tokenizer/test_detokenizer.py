@@ -1,4 +1,4 @@
-"""engine.detokenizer.StreamingDetokenizer on a byte-fallback sentencepiece vocabulary, a small byte-level
+"""engine.tokenizer.detokenizer.StreamingDetokenizer on a byte-fallback sentencepiece vocabulary, a small byte-level
 BPE trained here and the starter GGUF: streamed text equals decode(), never half a character."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.detokenizer import StreamingDetokenizer
-from engine.tokenizer import Tokenizer
-from engine.tokenizer_spm import MODEL_BPE, PIECE_BYTE, PIECE_CONTROL, PIECE_NORMAL, SpmModel, build_spm_tokenizer
+from engine.tokenizer.detokenizer import StreamingDetokenizer
+from engine.tokenizer.tokenizer import Tokenizer
+from engine.tokenizer.spm import MODEL_BPE, PIECE_BYTE, PIECE_CONTROL, PIECE_NORMAL, SpmModel, build_spm_tokenizer
 
 SPM_WORDS = ["▁", "▁h", "▁he", "▁hel", "▁hell", "▁hello", "▁w", "▁wo", "▁wor", "▁worl", "▁world"]
 SPM_CHARS = list("helowrdé日本")

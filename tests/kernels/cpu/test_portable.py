@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
 def child(arch: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "TANDEM_CPU_KERNEL_ARCH": arch}
     return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=600, env=env, cwd=HERE.parent.parent
+        [sys.executable, *args], capture_output=True, text=True, timeout=600, env=env, cwd=HERE.parents[2]
     )
 
 
@@ -36,7 +36,7 @@ def child(arch: str, *args: str) -> subprocess.CompletedProcess:
 def test_other_paths_match_their_twin(arch):
     tests = ["test_rows_match_ggufs_dequantization", "test_each_row_is_computed_as_if_alone", "test_shapes"]
     done = child(
-        arch, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "test_cpu_blocks.py"), "-k",
+        arch, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "test_blocks.py"), "-k",
         " or ".join(tests),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

@@ -1,6 +1,6 @@
 """Released config.json files, with the keys they leave out, read as transformers reads them.
 
-The files in tests/engine/hf_configs/ are shaped like the config.json of the Hugging Face repositories they
+The files in tests/engine/config/hf_configs/ are shaped like the config.json of the Hugging Face repositories they
 are named after (only keys those files have; nested sub-configs as partial as theirs). Each is read by
 transformers' AutoConfig and by Tandem (ModelConfig, then the model class built on the meta device), and
 every value a Tandem model reads is compared: the text model's shape, norms, rotary frequencies (computed by
@@ -27,7 +27,7 @@ import pytest
 import torch
 import transformers
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import ModelLoadError, UnsupportedArchitectureError
 from engine.loading.model import load_model
 from engine.models.registry import model_class, supported_architectures

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import CorruptFileError, ModelLoadError, UnsupportedArchitectureError
-from engine.gguf_file import GGUFFile
+from engine.gguf.file import GGUFFile
 
 # GGUF `general.architecture` -> the Hugging Face class name the engine's registry knows.
 # Mistral GGUFs say "llama": llama.cpp converts them with the Llama converter.
@@ -23,7 +23,7 @@ ARCHITECTURES = {
     # refused by _rope_scaling).
     "mistral3": "LlamaForCausalLM",
     # Gemma 3's language model (also inside Gemma3ForConditionalGeneration); the keys only Gemma reads are
-    # `gemma3_text_keys`, the norms' +1 the converter adds is undone at load (engine/loading/gguf_names.py).
+    # `gemma3_text_keys`, the norms' +1 the converter adds is undone at load (engine/gguf/names.py).
     "gemma3": "Gemma3ForCausalLM",
 }
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from kernels import dispatch, ops
-from kernels import triton as triton_kernels
+from kernels.triton import candidates as triton_kernels
 from kernels.torch_ref import activation, attention, norm, rope
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 OPS = {
     "write_kv": (triton_kernels.write_kv, attention.write_kv),
     "paged_attention": (triton_kernels.paged_attention, attention.paged_attention),
@@ -109,13 +109,13 @@ import sys
 sys.modules["triton"] = None  # as if triton were not installed
 import torch
 from kernels import ops
-from kernels import triton as triton_kernels
+from kernels.triton import candidates as triton_kernels
 assert not triton_kernels.is_available()
 x = torch.randn(3, 16)
 ops.rms_norm(x, torch.ones(16), 1e-6, x)
 ops.silu_and_mul(x)
 import pytest
-sys.exit(pytest.main(["-q", "-rs", "tests/kernels/test_triton_attention.py", "tests/kernels/test_triton_elementwise.py"]))
+sys.exit(pytest.main(["-q", "-rs", "tests/kernels/triton/test_attention.py", "tests/kernels/triton/test_elementwise.py"]))
 """
 
 

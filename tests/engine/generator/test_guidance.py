@@ -72,7 +72,7 @@ def cfg_job(pos, neg, n, ident, scale, **kw):
 
 
 def mixed(pos_logits: torch.Tensor, neg_logits: torch.Tensor, scale: float) -> torch.Tensor:
-    """The guidance formula, written out here independently of engine.generator.cfg."""
+    """The guidance formula, written out here independently of engine.generator.guidance."""
     return scale * torch.log_softmax(pos_logits.double(), -1) + (1 - scale) * torch.log_softmax(neg_logits.double(), -1)
 
 

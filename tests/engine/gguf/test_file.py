@@ -1,4 +1,4 @@
-"""engine/gguf_file.py's own header parser against gguf's GGUFReader, which it replaced (about 1.8 s
+"""engine/gguf/file.py's own header parser against gguf's GGUFReader, which it replaced (about 1.8 s
 to parse the starter's header, 0.04 s now).
 
 Tried: the starter; a file from gguf's writer with every value type (each scalar kind, strings with UTF-8,
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from engine.errors import CorruptFileError
-from engine.gguf_file import GGUFFile
+from engine.gguf.file import GGUFFile
 
 
 def same_as_reader(path) -> GGUFFile:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.tokenizer import Tokenizer
+    from engine.tokenizer.tokenizer import Tokenizer
 
 _REPLACEMENT = "\ufffd"
 

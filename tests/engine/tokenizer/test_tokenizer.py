@@ -1,4 +1,4 @@
-"""engine.tokenizer against transformers' AutoTokenizer on five real tokenizers built or fetched here:
+"""engine.tokenizer.tokenizer against transformers' AutoTokenizer on five real tokenizers built or fetched here:
 
 1. a sentencepiece BPE model (byte fallback) trained in a fixture, saved as a Llama-style HF folder;
 2. a byte-level BPE tokenizer.json trained with the tokenizers library, with added special tokens;
@@ -23,7 +23,7 @@ import torch
 
 from engine.errors import CorruptFileError, MissingFileError, ModelLoadError, TokenizerLoadError
 from engine.loading.starter import STARTER_NAME
-from engine.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 
 WORDS = (
     "the quick brown fox jumps over a lazy dog while tokenizers stream text token by token "
@@ -233,7 +233,7 @@ def bpe_folder(tmp_path_factory) -> Path:
 def spm_gguf(spm_folder, tmp_path_factory) -> Path:
     import gguf
 
-    from engine.tokenizer_spm import read_spm_model
+    from engine.tokenizer.spm import read_spm_model
 
     model = read_spm_model(spm_folder / "tokenizer.model")
     path = tmp_path_factory.mktemp("spm_gguf") / "tiny-spm.gguf"
@@ -581,7 +581,7 @@ def test_concurrent_encodes_keep_their_mode(bpe_folder):
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("decode_special_tokens", [False, True])
 def test_streaming_detokenizer_reproduces_decode(case, decode_special_tokens, load_case):
-    from engine.detokenizer import StreamingDetokenizer
+    from engine.tokenizer.detokenizer import StreamingDetokenizer
 
     tok = load_case(case)
     for s in STRINGS:

@@ -18,7 +18,7 @@ if DEVICE == "cpu":
     launch.use_interpreter()  # before triton is imported: it picks the interpreter at import
 pytest.importorskip("triton", reason="triton is not installed: the Triton kernels are tested only where it is")
 
-from engine.config import ModelConfig, RopeScaling  # noqa: E402
+from engine.config.model import ModelConfig, RopeScaling  # noqa: E402
 from engine.models.rope import RotaryTable, inverse_frequencies  # noqa: E402
 from kernels.torch_ref import activation as twin_activation  # noqa: E402
 from kernels.torch_ref import norm as twin_norm  # noqa: E402

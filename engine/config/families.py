@@ -4,7 +4,7 @@ Released config.json files leave out every key whose value is the default of the
 (llava-1.5's text_config names little more than its model_type; Gemma 3's gives no head counts). Those
 defaults are part of the format, so they are tabled here per text family (`TEXT_FAMILIES`) and per
 vision-language wrapper (`WRAPPERS`, which also says what a left-out text_config means and how the wrapper ties
-its head). engine/config.py's `ModelConfig.from_hf_dict` reads a config through them.
+its head). engine/config/model.py's `ModelConfig.from_hf_dict` reads a config through them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from engine.errors import CorruptFileError, ModelLoadError, UnsupportedArchitectureError
 
 if TYPE_CHECKING:
-    from engine.config import ModelConfig
+    from engine.config.model import ModelConfig
 
 
 @dataclass(frozen=True)

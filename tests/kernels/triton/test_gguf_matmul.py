@@ -25,7 +25,7 @@ pytest.importorskip("triton", reason="triton is not installed: the Triton kernel
 
 import gguf  # noqa: E402
 
-from kernels import triton as triton_kernels  # noqa: E402
+from kernels.triton import candidates as triton_kernels  # noqa: E402
 from kernels.torch_ref import gguf_blocks  # noqa: E402
 from kernels.triton import gguf_matmul  # noqa: E402
 

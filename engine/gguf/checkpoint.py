@@ -5,9 +5,9 @@ requested dtype and moved to the device, so the peak memory is the result plus o
 With `quantized="int4"`, Q4_0 / Q4_1 projection weights are instead returned as `QuantizedWeight`
 records (4-bit values plus per-block scale and zero) for the model to pack.
 
-    engine/config_gguf.py          the metadata -> ModelConfig
-    engine/loading/gguf_names.py   tensor names and shapes -> Hugging Face state-dict entries
-    engine/loading/gguf_tensors.py one tensor's data -> a float tensor or a quantized weight
+    engine/config/gguf.py          the metadata -> ModelConfig
+    engine/gguf/names.py   tensor names and shapes -> Hugging Face state-dict entries
+    engine/gguf/tensors.py one tensor's data -> a float tensor or a quantized weight
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ from pathlib import Path
 
 import torch
 
-from engine.config import ModelConfig
-from engine.config_gguf import ARCHITECTURES, read_gguf_config
+from engine.config.model import ModelConfig
+from engine.config.gguf import ARCHITECTURES, read_gguf_config
 from engine.errors import CorruptFileError
-from engine.gguf_file import GGUFFile
-from engine.loading.gguf_names import (
+from engine.gguf.file import GGUFFile
+from engine.gguf.names import (
     EMBEDDINGS,
     ROPE_FREQ_FACTORS,
     select_tensors,
     unpermute_llama_qk,
     unshift_gemma3_norm,
 )
-from engine.loading.gguf_tensors import (
+from engine.gguf.tensors import (
     INT4_TYPES,
     INT8_TYPES,
     block_weight,
@@ -52,7 +52,7 @@ def load_gguf(
     progress: Callable[[float], None] | None = None,
     quantized: str | None = None,
 ) -> tuple[ModelConfig, dict[str, torch.Tensor | QuantizedWeight | SplitWeight]]:
-    """Read a GGUF file of an architecture in engine/config_gguf.py's ARCHITECTURES (llama, qwen2, qwen3, gemma3,
+    """Read a GGUF file of an architecture in engine/config/gguf.py's ARCHITECTURES (llama, qwen2, qwen3, gemma3,
     ...) into `(config, state_dict)`.
 
     The state dict uses Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...) and the

@@ -1,7 +1,7 @@
 """Model configuration parsed at the edge (config.json or GGUF metadata) into a frozen dataclass.
 
-A config.json is read with the defaults its transformers config class leaves out (engine/config_families.py);
-GGUF metadata is mapped to the same keys by engine/config_gguf.py.
+A config.json is read with the defaults its transformers config class leaves out (engine/config/families.py);
+GGUF metadata is mapped to the same keys by engine/config/gguf.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config_families import SHAPE_KEYS, TEXT_FAMILIES, from_multimodal_dict, wrapper_type_of
+from engine.config.families import SHAPE_KEYS, TEXT_FAMILIES, from_multimodal_dict, wrapper_type_of
 from engine.errors import CorruptFileError, MissingFileError, ModelLoadError
 
 

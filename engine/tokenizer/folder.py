@@ -1,5 +1,5 @@
 """A Hugging Face model folder's tokenizer: tokenizer.json (or a sentencepiece tokenizer.model, converted by
-engine.tokenizer_spm) with the tokens tokenizer_config.json and special_tokens_map.json declare added the way
+engine.tokenizer.spm) with the tokens tokenizer_config.json and special_tokens_map.json declare added the way
 `transformers` does, whether the model wants BOS/EOS, every id that ends a reply, and its chat template."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class FolderVocab:
     """A tokenizer backend read from a model folder, with what its config files say about it (the folder's
-    counterpart of engine.tokenizer_gguf.GGUFVocab)."""
+    counterpart of engine.tokenizer.gguf.GGUFVocab)."""
 
     backend: Any  # tokenizers.Tokenizer
     bos_token_id: int | None = None
@@ -41,7 +41,7 @@ def build_folder_vocab(folder: Path) -> FolderVocab | None:
         backend = _read_tokenizer_json(json_file)
         is_spm = False
     elif spm_file.is_file():
-        from engine.tokenizer_spm import build_spm_tokenizer, read_spm_model
+        from engine.tokenizer.spm import build_spm_tokenizer, read_spm_model
 
         prefix = config.get("add_prefix_space")
         backend = build_spm_tokenizer(
@@ -133,7 +133,7 @@ def _register_declared_tokens(backend, config: dict, special_map: dict) -> dict[
     """
     from tokenizers import AddedToken
 
-    from engine.tokenizer_spm import register_added_tokens
+    from engine.tokenizer.spm import register_added_tokens
 
     existing = {t.content for t in backend.get_added_tokens_decoder().values()}
     new: list = []

@@ -2,12 +2,12 @@
 
 Every kind becomes a `tokenizers.Tokenizer` backend, so encoding and decoding are one code path:
 
-    folder/tokenizer.json   -> loaded as is (engine.tokenizer_folder)
-    folder/tokenizer.model  -> converted by engine.tokenizer_spm (no protobuf needed)
-    model.gguf              -> built from the embedded vocabulary by engine.tokenizer_gguf
+    folder/tokenizer.json   -> loaded as is (engine.tokenizer.folder)
+    folder/tokenizer.model  -> converted by engine.tokenizer.spm (no protobuf needed)
+    model.gguf              -> built from the embedded vocabulary by engine.tokenizer.gguf
 
 A folder's tokenizer_config.json / special_tokens_map.json then add the tokens they declare, the way
-`transformers` does (engine.tokenizer_folder), so `encode` matches `AutoTokenizer(...)(text, add_special_tokens=False)`.
+`transformers` does (engine.tokenizer.folder), so `encode` matches `AutoTokenizer(...)(text, add_special_tokens=False)`.
 BOS/EOS are never added by the backend: `encode(add_bos=...)` decides, and `add_bos_token` says what
 the model expects.
 """
@@ -27,7 +27,7 @@ import torch
 from engine.errors import MissingFileError, TokenizerLoadError
 
 if TYPE_CHECKING:
-    from engine.gguf_file import GGUFFile
+    from engine.gguf.file import GGUFFile
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 # transformers' clean_up_tokenization_spaces (applied only to non-BPE models, as transformers 5 does)
@@ -108,7 +108,7 @@ class Tokenizer:
             raise MissingFileError(f"{path} does not exist. Give a model folder or a .gguf file.")
         if path.is_file():
             if path.suffix.lower() == ".gguf":
-                from engine.gguf_file import GGUFFile
+                from engine.gguf.file import GGUFFile
 
                 return cls.from_gguf(GGUFFile.open(path))
             if path.name in ("tokenizer.json", "tokenizer.model"):
@@ -123,7 +123,7 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> Tokenizer:
         """Build the tokenizer embedded in an opened GGUF file (shares the model loader's GGUFFile)."""
-        from engine.tokenizer_gguf import build_gguf_vocab
+        from engine.tokenizer.gguf import build_gguf_vocab
 
         vocab = build_gguf_vocab(gguf)
         return cls(
@@ -141,7 +141,7 @@ class Tokenizer:
 
     @classmethod
     def _from_folder(cls, folder: Path) -> Tokenizer:
-        from engine.tokenizer_folder import build_folder_vocab
+        from engine.tokenizer.folder import build_folder_vocab
 
         vocab = build_folder_vocab(folder)
         if vocab is None:
@@ -259,7 +259,7 @@ class Tokenizer:
         can be part of a UTF-8 character; sentencepiece "▁" is a space (the start-of-text space that
         `decode` strips is not). Added/special tokens give their text. Built once, on first use.
         """
-        from engine.tokenizer_gguf import byte_to_char_table
+        from engine.tokenizer.gguf import byte_to_char_table
 
         style, byte_fallback = _decoder_style(self.backend)
         char_to_byte = {c: b for b, c in byte_to_char_table().items()}

@@ -6,7 +6,7 @@ Two kinds are supported, named by `tokenizer.ggml.model`:
   a name for it in `tokenizer.ggml.pre`. `PRE_TOKENIZER_SPLITS` maps those names to the split regexes
   of the original tokenizer.json files (the ones llama.cpp uses too), applied one after the other.
 - `llama`: sentencepiece (BPE with byte fallback). Pieces and scores are stored; merges are implied
-  by the scores, and the pipeline is the Llama one from engine.tokenizer_spm.
+  by the scores, and the pipeline is the Llama one from engine.tokenizer.spm.
 
 Token types (`tokenizer.ggml.token_type`): control (3) and unknown (2) tokens become special added
 tokens, user-defined (4) tokens added tokens that are always matched whole, as llama.cpp does.
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import TokenizerLoadError
-from engine.tokenizer_spm import (
+from engine.tokenizer.spm import (
     PIECE_BYTE,
     PIECE_CONTROL,
     PIECE_NORMAL,
@@ -33,7 +33,7 @@ from engine.tokenizer_spm import (
 )
 
 if TYPE_CHECKING:
-    from engine.gguf_file import GGUFFile
+    from engine.gguf.file import GGUFFile
 
 log = logging.getLogger(__name__)
 

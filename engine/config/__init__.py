@@ -1,0 +1,1 @@
+"""Model configuration: config.json or GGUF metadata parsed into one frozen dataclass."""

@@ -1,0 +1,1 @@
+"""Tokenizers: Hugging Face folders, sentencepiece models and GGUF vocabularies behind one class."""

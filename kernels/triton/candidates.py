@@ -1,0 +1,167 @@
+"""Triton kernels for the ops in `kernels.ops`, and the dispatch candidates that choose them.
+
+Each candidate below takes the op's arguments and returns None (so dispatch moves on to the torch twin)
+unless every tensor is on a CUDA device, in a dtype and shape the kernel handles, and triton is installed.
+Only then is the kernel module imported, so a CPU-only process never loads triton at all.
+
+The kernel modules (`attention`, `kv_write`, `norm`, `rope`, `activation`, `gguf_matmul`) can also be called directly;
+the tests run them on CPU tensors under triton's interpreter, turned on by `launch.use_interpreter()` before
+triton is first imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from functools import cache
+
+import torch
+
+from kernels.torch_ref.gguf_blocks import BLOCKS
+from kernels.triton.launch import DTYPES
+
+MAX_NORM_COLS = 16384  # the norm kernel keeps a row in registers
+MAX_ROPE_HEAD_DIM = 512
+
+
+@cache
+def is_available() -> bool:
+    """Whether triton can be imported (checked once; a missing triton just means the twins run)."""
+    try:
+        importlib.import_module("triton")
+    except ImportError:
+        return False
+    return True
+
+
+def _on_cuda(*tensors: torch.Tensor | None) -> bool:
+    """All given tensors on one CUDA device, triton installed."""
+    devices = {t.device for t in tensors if t is not None}
+    return len(devices) == 1 and next(iter(devices)).type == "cuda" and is_available()
+
+
+def attention_supports(head_dim: int, num_q_heads: int, num_kv_heads: int) -> bool:
+    """Head shapes the attention kernels handle: 16..256 wide (tile minimum, registers), groups up to 64."""
+    return (
+        16 <= head_dim <= 256
+        and num_kv_heads > 0
+        and num_q_heads % num_kv_heads == 0
+        and num_q_heads // num_kv_heads <= 64
+    )
+
+
+def _cache_ok(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    return (
+        k_cache.dtype in DTYPES
+        and v_cache.dtype == k_cache.dtype
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+        and k_cache.shape == v_cache.shape
+    )
+
+
+def write_kv(k_cache, v_cache, k, v, slot_mapping) -> bool | None:
+    if not _on_cuda(k_cache, v_cache, k, v, slot_mapping) or not _cache_ok(k_cache, v_cache):
+        return None
+    if k.dtype not in DTYPES or v.dtype not in DTYPES or k.shape != v.shape or k.shape[1:] != k_cache.shape[2:]:
+        return None
+    if k.stride(-1) != 1 or v.stride(-1) != 1 or slot_mapping.dtype not in (torch.int32, torch.int64):
+        return None
+    from kernels.triton import kv_write
+
+    return kv_write.write_kv(k_cache, v_cache, k, v, slot_mapping)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sliding_window: int | None = None,
+    page_runs: Sequence[int] | None = None,
+) -> torch.Tensor | None:
+    if not _on_cuda(q, k_cache, v_cache, block_tables, seq_lens) or not _cache_ok(k_cache, v_cache):
+        return None
+    if q.dtype not in DTYPES or q.dim() != 3 or q.stride(-1) != 1 or q.shape[2] != k_cache.shape[3]:
+        return None
+    if not attention_supports(q.shape[2], q.shape[1], k_cache.shape[2]) or not query_lens:
+        return None
+    if block_tables.dim() != 2 or block_tables.stride(1) != 1:
+        return None
+    from kernels.triton import attention
+
+    return attention.paged_attention(
+        q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window, page_runs
+    )
+
+
+def blocks_supported(
+    type_name: str, device: torch.device | str, dtype: torch.dtype, num_cols: int, num_rows: int
+) -> bool:
+    """Whether a weight [num_rows, num_cols] of GGUF type `type_name` stays in the file's blocks on `device`:
+    the Triton matmul reads every type, in the file's layout, for rows of whole blocks on a CUDA GPU."""
+    return (
+        torch.device(device).type == "cuda"
+        and type_name in BLOCKS
+        and dtype in DTYPES
+        and num_rows > 0
+        and num_cols > 0
+        and num_cols % BLOCKS[type_name][0] == 0
+        and is_available()
+    )
+
+
+def linear_blocks(x, blocks, type_name: str, bias=None):
+    if not _on_cuda(x, blocks, bias) or x.dtype not in DTYPES or x.dim() < 1 or type_name not in BLOCKS:
+        return None
+    values, size = BLOCKS[type_name]
+    num_cols = x.shape[-1]
+    if num_cols == 0 or num_cols % values or blocks.dtype != torch.uint8 or blocks.dim() != 2:
+        return None
+    if blocks.shape[1] != num_cols // values * size or not blocks.is_contiguous() or x.numel() == 0:
+        return None
+    if bias is not None and (bias.shape != (blocks.shape[0],) or bias.dtype not in DTYPES):
+        return None
+    from kernels.triton import gguf_matmul
+
+    return gguf_matmul.linear(x, blocks, type_name, bias)
+
+
+def rms_norm(x, weight, eps: float, residual=None):
+    if not _on_cuda(x, weight, residual) or x.dtype not in DTYPES or weight.dtype not in DTYPES:
+        return None
+    if weight.shape != x.shape[-1:] or not weight.is_contiguous() or x.shape[-1] > MAX_NORM_COLS:
+        return None
+    if residual is not None and (residual.dtype != x.dtype or residual.shape != x.shape):
+        return None
+    from kernels.triton import norm
+
+    return norm.rms_norm(x, weight, eps, residual)
+
+
+def apply_rope(x, cos, sin):
+    if not _on_cuda(x, cos, sin) or x.dtype not in DTYPES or cos.dtype not in DTYPES or sin.dtype != cos.dtype:
+        return None
+    if x.dim() != 3 or cos.dim() != 2 or cos.shape != sin.shape or cos.shape[0] != x.shape[0]:
+        return None
+    rotary_dim = cos.shape[1]
+    if rotary_dim % 2 or not 2 <= rotary_dim <= x.shape[2] or x.shape[2] > MAX_ROPE_HEAD_DIM:
+        return None
+    # The twin's result dtype follows type promotion; the kernel writes x's dtype, so both must agree.
+    if torch.promote_types(x.dtype, cos.dtype) != x.dtype:
+        return None
+    from kernels.triton import rope
+
+    return rope.apply_rope(x, cos, sin)
+
+
+def silu_and_mul(x):
+    if not _on_cuda(x) or x.dtype not in DTYPES or x.dim() == 0 or x.shape[-1] % 2:
+        return None
+    from kernels.triton import activation
+
+    return activation.silu_and_mul(x)
