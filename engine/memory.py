@@ -1,11 +1,10 @@
 """Hand memory that loading freed, or no longer reads, back to the operating system.
 
 Loading dequantizes and packs tensor by tensor. glibc's malloc keeps freed temporaries in its heaps for
-reuse, and torch's worker threads allocate from several heaps: after loading the starter the process kept
-about 230 MiB it no longer used (1,026 MiB resident; 793 MiB after a trim), and the peak during loading
-came out 240 MiB higher in some runs than in others. `malloc_trim` returns free heap pages; loading calls
-it after reading the checkpoint, after packing each weight and at the end. Elsewhere (macOS, Windows,
-musl) this does nothing.
+reuse, and torch's worker threads allocate from several heaps, so a loaded process keeps a large share of
+its resident memory unused, and the peak during loading varies from run to run. `malloc_trim` returns free
+heap pages; loading calls it after reading the checkpoint, after packing each weight and at the end.
+Elsewhere (macOS, Windows, musl) this does nothing.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from engine.errors import ModelLoadError
 from engine.model_info import ModelInfo
 
 # Memory a loaded model uses beyond weights and cache: activations of a prompt chunk, logits, kernel scratch
-# buffers, tokenizer tables. Loading the 1B Q4_K_M settled 100-150 MB above file size + cache; this leaves room.
+# buffers, tokenizer tables; what a loaded 1B model holds above file size + cache, with room to spare.
 OVERHEAD_BYTES = 256 * 2**20
 CONTEXT_STEP = 256  # contexts offered in place of one that does not fit are whole cache pages
 

@@ -3,10 +3,8 @@ other programs keep busy.
 
 torch's OpenMP workers (which the C kernels share) spin at every barrier. When another program holds a core,
 a worker waiting on that core makes the others spin through their time slices, and a step takes several
-times longer. Measured on the 2-core AMD machine with a busy loop beside a greedy decode run: the starter
-went from 131-137 tok/s to 28-40 on two threads, but ran at 111-117 on one; a 1B Q4_K_M model from 49-50 to
-14-18, and 38-40 on one. Waiting passively instead (OMP_WAIT_POLICY, read once when torch loads) cost 43% of
-the quiet speed on the Intel machine (session 5: 56 -> 32 tok/s).
+times longer than on one thread fewer. Waiting passively instead (OMP_WAIT_POLICY, read once when torch
+loads) would cost a large share of the quiet speed on every step.
 
 So the generator asks `ThreadPolicy.update` before each step. Every half second it compares how much CPU
 time the whole machine used (/proc/stat) with what this process used: the difference is other programs'

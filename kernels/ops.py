@@ -7,7 +7,6 @@ from collections.abc import Sequence
 import torch
 
 from kernels import dispatch
-from kernels.triton import candidates as triton_kernels  # imports triton itself only on the first CUDA call
 from kernels.cpu import attention as cpu_attention
 from kernels.cpu import blocks as cpu_blocks
 from kernels.cpu import build as cpu_build
@@ -16,6 +15,7 @@ from kernels.cpu import int4 as cpu_int4
 from kernels.cpu import plan as cpu_plan
 from kernels.cpu.plan import Plan
 from kernels.torch_ref import activation, attention, gguf_blocks, gguf_repack, norm, quant, rope
+from kernels.triton import candidates as triton_kernels  # imports triton itself only on the first CUDA call
 
 dispatch.register("write_kv", attention.write_kv, reference=True)
 dispatch.register("paged_attention", attention.paged_attention, reference=True)

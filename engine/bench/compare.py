@@ -1,7 +1,8 @@
 """`python -m engine bench`: our engine vs transformers' `generate()` on the same model, dtype and prompts.
 
     parent: build the prompts once (token ids) -> run each side in its own subprocess, one after another
-            -> print one table (stdout), progress on stderr, optionally --json
+            -> print one table (stdout), progress on stderr, optionally --json (the figures with their
+               machine, commit, date and command: engine/bench/machine.py; tools/bench_report.py reads it)
     worker: load the model, run the phases, write its measurements (and its own peak RSS) to a JSON file
 
 Each side runs in its own process so that its peak RSS is its own and neither warms the other's caches.
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.bench import features as bench_features
+from engine.bench import machine as bench_machine
 from engine.bench import measure, table
 from engine.bench import workload as prompts_of
 
@@ -42,7 +44,7 @@ DEFAULT_DRAFT_LAYERS = "8,16"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the `bench` options to `parser` (the `python -m engine bench` subcommand)."""
     parser.add_argument(
-        "model", nargs="?", default="starter", help="a model folder, a .gguf file, or 'starter' (the default)"
+        "model", nargs="?", default="starter", help="a model folder, a .gguf file, 'starter' (the default) or 'demo'"
     )
     parser.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="weights dtype for both sides")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (both sides)")
@@ -106,14 +108,9 @@ def draft_layers(args: argparse.Namespace) -> list[int]:
 
 
 def _model_path(spec: str) -> Path:
-    if spec == "starter":
-        from engine.loading.starter import fetch_starter
+    from engine.loading.builtin import resolve_model
 
-        return fetch_starter()
-    path = Path(spec).expanduser()
-    if not path.exists():
-        raise ValueError(f"{path} does not exist; give a model folder, a .gguf file, or 'starter'")
-    return path
+    return resolve_model(spec)  # a path, 'starter' or 'demo', as every command takes
 
 
 def _run_side(side: str, cfg: dict[str, Any], tmp: Path) -> dict[str, Any] | None:
@@ -249,5 +246,13 @@ def run(args: argparse.Namespace) -> int:
         measured = {name: {k: v for k, v in (side or {}).items() if k != "turn2"} for name, side in sides.items()}
         if core:
             measured["ours"]["turn2_prompt_tokens"] = len(sides["ours"]["turn2"])
-        Path(args.json).write_text(json.dumps({"config": config, "sides": measured, "rows": rows}, indent=1))
+        report = {
+            "run": bench_machine.describe_run(args, add_arguments),
+            "machine": bench_machine.describe_machine(args.device),
+            "software": bench_machine.software(),
+            "config": config,
+            "sides": measured,
+            "rows": rows,
+        }
+        Path(args.json).write_text(json.dumps(report, indent=1))
     return 0

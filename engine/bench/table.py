@@ -152,7 +152,7 @@ def _batched_cell(cpp: dict) -> str:
 
 
 def format_table(rows: list[dict[str, str]]) -> str:
-    """Rows as a Markdown table (readable in a terminal, pastes into the README)."""
+    """Rows as a Markdown table (readable in a terminal, pastes into Markdown)."""
     cols = list(rows[0].keys())
     widths = {c: max(len(c), *(len(r.get(c, "")) for r in rows)) for c in cols}
     lines = ["| " + " | ".join(c.ljust(widths[c]) for c in cols) + " |"]

@@ -47,7 +47,7 @@ FOLLOW_UP = "Thank you. Now summarize our whole conversation in two sentences."
 
 
 def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
-    from engine.chat_prompt import encode_chat
+    from engine.chat.prompt import encode_chat
     from engine.chat_template import ChatTemplate
 
     return encode_chat(tokenizer, ChatTemplate.from_tokenizer(tokenizer), messages)[0].tolist()

@@ -1,4 +1,5 @@
-"""The paged KV cache: tensors (cache.py) and, separately, which pages hold what (page_table.py)."""
+"""The paged KV cache: tensors (cache.py); which pages hold what (page_table.py); the manager that the scheduler
+asks for pages (manager.py)."""
 
 from engine.cache.cache import Cache
 

@@ -16,7 +16,7 @@ bounded in:
 
 Why count work inside the sandbox rather than render in a subprocess that can be killed: a render happens every
 turn and every time the context meter counts, takes about a millisecond, and runs in the app, the CLI, the server
-and scripts alike. A worker process would add its start-up (importing jinja2, ~0.2 s) and a round trip to each of
+and scripts alike. A worker process would add its start-up (importing jinja2) and a round trip to each of
 them, a process to watch and restart, and an entry point in the frozen bundle. Python threads cannot be killed,
 so the check has to run inside the template's own execution: jinja compiles a template to Python, and every
 place that code does work goes through the sandbox's hooks (call, getattr, getitem, binary operators, filters,
@@ -46,8 +46,8 @@ MAX_INT_BITS = 1 << 16  # integers past ~20,000 digits make `*`, `//` and `%` sl
 MAX_SOURCE_CHARS = 1024 * 1024  # the largest real templates (tool-calling ones) are ~20 KB
 # A long render pauses this briefly this often, so that other threads get the GIL: CPython hands it to a waiting
 # thread only after its 5 ms switch interval, and a GUI thread whose every SQLite or Qt call releases the GIL
-# would wait that long each time (a send beside a runaway template stalled the window 0.66-0.71 s; with the
-# pauses 0.07-0.11 s). A usual render (about a millisecond) never pauses.
+# would wait that long each time, and a send beside a runaway template would stall the window. A usual render
+# (about a millisecond) never pauses.
 PAUSE_EVERY = 0.002
 PAUSE_SECONDS = 0.0002
 _MB = MAX_OUTPUT_CHARS // (1024 * 1024)

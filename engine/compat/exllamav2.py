@@ -23,9 +23,9 @@ import torch
 from engine.cache.cache import Cache
 from engine.config.model import ModelConfig
 from engine.errors import MissingFileError, ModelLoadError
-from engine.generator.guidance import padding_id
 from engine.generator.dynamic import DynamicGenerator
 from engine.generator.dynamic_async import DynamicGeneratorAsync, DynamicJobAsync
+from engine.generator.guidance import padding_id
 from engine.generator.job import DynamicJob
 from engine.generator.sampler import SamplerSettings
 from engine.models.base import Model
@@ -309,18 +309,57 @@ def _unwrap(obj: Any) -> Any:
     return obj.engine_tokenizer if isinstance(obj, ExLlamaV2Tokenizer) else obj
 
 
-class ExLlamaV2DynamicGenerator(DynamicGenerator):
-    """The engine DynamicGenerator, given the engine objects inside the compat handles."""
+class _Unwrapped:
+    """Mixed in before an engine generator class: its parameters are DynamicGenerator's, and the engine objects
+    inside the compat handles go on to that class's __init__ (the next in the MRO)."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*map(_unwrap, args), **{k: _unwrap(v) for k, v in kwargs.items()})
+    def __init__(
+        self,
+        model: ExLlamaV2 | Model,
+        cache: ExLlamaV2Cache | Cache,
+        tokenizer: ExLlamaV2Tokenizer | Tokenizer,
+        max_batch_size: int | None = None,
+        max_seq_len: int | None = None,
+        max_chunk_size: int | None = None,
+        max_q_size: int = 8,
+        draft_model: ExLlamaV2 | Model | None = None,
+        draft_cache: ExLlamaV2Cache | Cache | None = None,
+        num_draft_tokens: int = 4,
+        use_ngram_draft: bool = False,
+        max_ngram: int = 4,
+        max_sampling_threads: int = 16,
+        min_sampling_threads: int = 3,
+        paged: bool = True,
+        filter_background_eval: bool = True,
+        adapt_threads: bool = True,
+    ):
+        super().__init__(
+            _unwrap(model),
+            _unwrap(cache),
+            _unwrap(tokenizer),
+            max_batch_size=max_batch_size,
+            max_seq_len=max_seq_len,
+            max_chunk_size=max_chunk_size,
+            max_q_size=max_q_size,
+            draft_model=_unwrap(draft_model),
+            draft_cache=_unwrap(draft_cache),
+            num_draft_tokens=num_draft_tokens,
+            use_ngram_draft=use_ngram_draft,
+            max_ngram=max_ngram,
+            max_sampling_threads=max_sampling_threads,
+            min_sampling_threads=min_sampling_threads,
+            paged=paged,
+            filter_background_eval=filter_background_eval,
+            adapt_threads=adapt_threads,
+        )
 
 
-class ExLlamaV2DynamicGeneratorAsync(DynamicGeneratorAsync):
-    """The engine DynamicGeneratorAsync, given the engine objects inside the compat handles."""
+class ExLlamaV2DynamicGenerator(_Unwrapped, DynamicGenerator):
+    """The engine DynamicGenerator, taking the compat handles."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*map(_unwrap, args), **{k: _unwrap(v) for k, v in kwargs.items()})
+
+class ExLlamaV2DynamicGeneratorAsync(_Unwrapped, DynamicGeneratorAsync):
+    """The engine DynamicGeneratorAsync, taking the compat handles."""
 
 
 ExLlamaV2MMEmbedding = MMEmbedding

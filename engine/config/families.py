@@ -9,13 +9,8 @@ its head). engine/config/model.py's `ModelConfig.from_hf_dict` reads a config th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
-
-from engine.errors import CorruptFileError, ModelLoadError, UnsupportedArchitectureError
-
-if TYPE_CHECKING:
-    from engine.config.model import ModelConfig
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -186,7 +181,7 @@ WRAPPERS: dict[str, _Wrapper] = {
 # The keys that fix a text model's tensor shapes.
 SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 # Checkpoint-wide keys that older multimodal configs keep at the top level instead of in text_config.
-_SHARED_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype")
+SHARED_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype")
 
 
 def wrapper_type_of(d: dict[str, Any], architecture: str) -> str | None:
@@ -194,54 +189,3 @@ def wrapper_type_of(d: dict[str, Any], architecture: str) -> str | None:
     if d.get("model_type") in WRAPPERS:
         return d["model_type"]
     return next((name for name, w in WRAPPERS.items() if architecture in w.architectures), None)
-
-
-def from_multimodal_dict(cls: type[ModelConfig], d: dict[str, Any], architecture: str) -> ModelConfig:
-    """A wrapper config (LLaVA and kin): the text fields come from `text_config`, completed with the defaults
-    of its text family (as the wrapper's transformers config class picks it); the architecture stays the
-    wrapper's. A wrapper Tandem does not know is read the LLaVA way, and named if that fails."""
-    wrapper_type = wrapper_type_of(d, architecture)
-    wrapper = WRAPPERS.get(wrapper_type, WRAPPERS["llava"])
-    text = d.get("text_config")
-    if text is None and wrapper.flat_text:
-        text = {k: v for k, v in d.items() if k not in ("vision_config", "architectures", "model_type")}
-    elif text is None:
-        text = {"model_type": wrapper.text_type, **wrapper.absent_text}
-    if not isinstance(text, dict):
-        raise CorruptFileError(f"config.json 'text_config' must be an object, got {type(text).__name__}")
-    model_type = text.get("model_type", wrapper.text_type)
-    family = TEXT_FAMILIES.get(model_type)
-    # Unknown family: keep its own architecture name so the model class can say what is unsupported.
-    text_architecture = family.architecture if family else (text.get("architectures") or [model_type])[0]
-    defaults = family.defaults if family else {}
-    merged = {**defaults, **{k: d[k] for k in _SHARED_KEYS if k in d}, **text, "model_type": model_type}
-    try:
-        parsed = cls.from_hf_dict(merged, architecture=text_architecture)
-    except ModelLoadError:
-        if wrapper_type is None:
-            _raise_unsupported(architecture)
-        if family is not None:
-            raise
-        raise UnsupportedArchitectureError(
-            f"config.json text_config model_type {model_type!r} (inside {architecture}) is not a supported "
-            f"language model family; supported: {', '.join(TEXT_FAMILIES)}."
-        ) from None
-    tied = bool(d.get("tie_word_embeddings", wrapper.tie)) or (wrapper.tie_follows_text and parsed.tie_word_embeddings)
-    image_token = d.get("image_token_index", d.get("image_token_id"))
-    if image_token is not None and (isinstance(image_token, bool) or not isinstance(image_token, int)):
-        raise CorruptFileError(f"config.json image_token_index must be a token id (an integer), got {image_token!r}")
-    return replace(
-        parsed,
-        architecture=architecture,
-        text_architecture=text_architecture,
-        tie_word_embeddings=tied,
-        torch_dtype=d.get("torch_dtype") or d.get("dtype") or parsed.torch_dtype,
-        image_token_id=None if image_token is None else int(image_token),
-        extra=d,
-    )
-
-
-def _raise_unsupported(architecture: str) -> None:
-    """An architecture config.json names that no family here reads; the loader adds the supported list (the
-    model registry sits above this module: every model imports it)."""
-    raise UnsupportedArchitectureError(f"architecture {architecture!r} is not supported.", architecture=architecture)

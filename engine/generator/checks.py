@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import torch
 
-from engine.cache.page_table import PageTable
+from engine.cache.manager import CacheManager
 from engine.generator import guidance
 from engine.generator.images import check_embeddings_fit
 from engine.generator.job import DynamicJob
 from engine.vision.embedding import is_mm_id
 
 
-def check_job(job: DynamicJob, model, page_table: PageTable, max_batch_size: int, max_seq_len: int) -> None:
+def check_job(job: DynamicJob, model, cache: CacheManager, max_batch_size: int, max_seq_len: int) -> None:
     """Raise ValueError, saying what to change, if `job` can never run with this model and cache."""
-    num_pages = len(page_table.pages)
+    num_pages = cache.num_pages
     vocab = model.config.vocab_size
     bad = [t for t in job.prompt_ids if not 0 <= t < vocab and not is_mm_id(t)]
     if bad:
@@ -25,15 +25,15 @@ def check_job(job: DynamicJob, model, page_table: PageTable, max_batch_size: int
     _check_vocab_ids(job, vocab)
     check_embeddings_fit(model, job.embeddings)
     total = len(job.prompt_ids) + job.max_new_tokens
-    needed = page_table.pages_for(total)
+    needed = cache.pages_for(total)
     if needed > num_pages:
         raise ValueError(
-            f"the job needs {needed} cache pages of {page_table.page_size} tokens (prompt {len(job.prompt_ids)} + "
+            f"the job needs {needed} cache pages of {cache.page_size} tokens (prompt {len(job.prompt_ids)} + "
             f"max_new_tokens {job.max_new_tokens}) but the whole cache has {num_pages}; make the cache "
             "larger, shorten the prompt, or lower max_new_tokens"
         )
     if job.negative_ids is not None:
-        guidance.check_fits(job, vocab, max_batch_size, page_table.pages_for, num_pages, max_seq_len)
+        guidance.check_fits(job, vocab, max_batch_size, cache.pages_for, num_pages, max_seq_len)
     if total > max_seq_len:
         raise ValueError(
             f"the job needs {total} tokens (prompt {len(job.prompt_ids)} + max_new_tokens "

@@ -1,25 +1,41 @@
-"""DynamicGenerator.generate(): complete prompts in one call, on top of enqueue / iterate / cancel.
+"""generate(): complete prompts in one call, on top of a generator's enqueue / iterate / cancel.
 
-Defined here and taken into the generator's class as a method, so dynamic.py holds only the job machinery.
+A plain function over the small `Generating` protocol, so it needs nothing of the generator's insides;
+DynamicGenerator.generate() (the seed documents' method) calls it.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from engine.generator.filters import Filter
 from engine.generator.job import DynamicJob
 from engine.generator.results import Result
 from engine.generator.sampler import SamplerSettings
 
-if TYPE_CHECKING:
-    from engine.generator.dynamic import DynamicGenerator
+# One prompt gives a string, a list of prompts a list; with return_last_results each comes with its eos result.
+GenerateOutput = str | list[str] | tuple[str, Result | None] | tuple[list[str], list[Result | None]]
+
+
+class Generating(Protocol):
+    """What generate() drives: DynamicGenerator is one."""
+
+    tokenizer: Any
+
+    def enqueue(self, job: DynamicJob | Sequence[DynamicJob]) -> int | list[int]: ...
+
+    def iterate(self) -> list[Result]: ...
+
+    def cancel(self, job: DynamicJob) -> bool: ...
+
+    def keep_results(self, results: list[Result]) -> None:
+        """Hand back other jobs' results read while waiting; the next iterate() returns them first."""
 
 
 def generate(
-    self: DynamicGenerator,
+    generator: Generating,
     prompt: str | Sequence[str],
     max_new_tokens: int,
     min_new_tokens: int = 0,
@@ -37,7 +53,7 @@ def generate(
     return_last_results: bool = False,
     filters: Sequence[Filter] | None = None,
     filter_prefer_eos: bool = False,
-):
+) -> GenerateOutput:
     """Complete one prompt (returns a string) or a list (returns a list), waiting only for these jobs.
 
     Other jobs keep running; their results are kept for the next iterate() call. `filters` apply to every
@@ -49,7 +65,7 @@ def generate(
         raise ValueError(f"{len(settings)} gen_settings for {len(prompts)} prompts; pass one or one per prompt")
     jobs = []
     for i, (p, s) in enumerate(zip(prompts, settings)):
-        ids = self.tokenizer.encode(p, add_bos=add_bos, encode_special_tokens=encode_special_tokens)
+        ids = generator.tokenizer.encode(p, add_bos=add_bos, encode_special_tokens=encode_special_tokens)
         jobs.append(
             DynamicJob(
                 ids,
@@ -67,16 +83,16 @@ def generate(
                 filter_prefer_eos=filter_prefer_eos,
             )
         )
-    self.enqueue(jobs)
+    generator.enqueue(jobs)
     mine = {j.serial for j in jobs}
     completions = [""] * len(jobs)
     last: list[Result | None] = [None] * len(jobs)
     others: list[Result] = []
     try:
-        while any(j.generator is self for j in jobs):  # enqueued here, not ended or cancelled
+        while any(j.generator is generator for j in jobs):  # enqueued here, not ended or cancelled
             if abort_event is not None and abort_event.is_set():
                 break
-            for r in self.iterate():
+            for r in generator.iterate():
                 if r["serial"] not in mine:
                     others.append(r)
                     continue
@@ -86,8 +102,8 @@ def generate(
                     last[i] = r
     finally:
         for j in jobs:
-            self.cancel(j)
-        self._buffered = others + self._buffered
+            generator.cancel(j)
+        generator.keep_results(others)
     if not completion_only:
         completions = [p + c for p, c in zip(prompts, completions)]
     out: Any = completions[0] if isinstance(prompt, str) else completions

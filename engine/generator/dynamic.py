@@ -13,18 +13,20 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 
 from engine.cache.cache import Cache
+from engine.cache.manager import CacheManager
 from engine.cache.page_table import PageTable
 from engine.generator import convenience, guidance
 from engine.generator.checks import check_job
-from engine.generator.filters import MaskWorkers
+from engine.generator.filters import Filter, MaskWorkers
 from engine.generator.images import splice_inputs
 from engine.generator.job import DynamicJob
 from engine.generator.results import Result
+from engine.generator.sampler_settings import SamplerSettings
 from engine.generator.scheduler import Scheduler, Seq, Step
 from engine.generator.session import JobSession
 from engine.generator.speculative import Drafter, make_drafter
@@ -99,8 +101,8 @@ class DynamicGenerator:
         self.max_batch_size = max_batch_size or min(self.num_pages, 256)
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        self.page_table = PageTable(self.num_pages, self.page_size)
-        self.scheduler = Scheduler(self.page_table, self.max_batch_size, self.max_chunk_size)
+        self.cache_manager = CacheManager(self.num_pages, self.page_size)
+        self.scheduler = Scheduler(self.cache_manager, self.max_batch_size, self.max_chunk_size)
         self._sessions: dict[int, JobSession] = {}  # serial -> running or waiting job
         self._buffered: list[Result] = []  # results produced while generate() ran others' steps
         self._next_serial = 0
@@ -129,6 +131,7 @@ class DynamicGenerator:
                 max_new_tokens=job.max_new_tokens,
                 max_skips=job.max_skips,
                 may_rewind=bool(job.banned_strings),
+                priority=job.priority,
             )
             if job.negative_ids is not None:
                 neg = job.negative_ids
@@ -143,7 +146,7 @@ class DynamicGenerator:
         if job.generator is not None:
             where = "this generator" if job.generator is self else "another generator"
             raise ValueError(f"{job!r} is already enqueued on {where}; create a new DynamicJob to run it again")
-        check_job(job, self.model, self.page_table, self.max_batch_size, self.max_seq_len)
+        check_job(job, self.model, self.cache_manager, self.max_batch_size, self.max_seq_len)
 
     def cancel(self, job: DynamicJob) -> bool:
         """Stop a job at any stage and free its pages. Returns False if it was not queued or running here
@@ -165,6 +168,11 @@ class DynamicGenerator:
             for session in list(self._sessions.values()):
                 self.cancel(session.job)
             self._buffered.clear()
+
+    @property
+    def page_table(self) -> PageTable:
+        """Which cache page holds what (read-only: the cache manager owns it)."""
+        return self.cache_manager.table
 
     @property
     def speculative(self) -> bool:
@@ -208,7 +216,7 @@ class DynamicGenerator:
         admitted, copies = self.scheduler.admit()
         for c in copies:
             self.cache.copy_page(c.src, c.dst, c.num_tokens)
-        self.scheduler.copies_done()
+        self.cache_manager.copies_done()
         now = time.perf_counter()
         results = []
         for seq in admitted:
@@ -378,5 +386,52 @@ class DynamicGenerator:
 
     # --- convenience ---------------------------------------------------------------------------------------
 
-    # One call that completes prompts with the methods above (the seed documents' generate()).
-    generate = convenience.generate
+    def keep_results(self, results: list[Result]) -> None:
+        """Hand back other jobs' results read while waiting; the next iterate() returns them first."""
+        with self._lock:
+            self._buffered = list(results) + self._buffered
+
+    def generate(
+        self,
+        prompt: str | Sequence[str],
+        max_new_tokens: int,
+        min_new_tokens: int = 0,
+        seed: int | None = None,
+        gen_settings: SamplerSettings | Sequence[SamplerSettings] | None = None,
+        token_healing: bool = False,
+        encode_special_tokens: bool = False,
+        decode_special_tokens: bool = False,
+        stop_conditions: Sequence[int | str] | None = None,
+        add_bos: bool = False,
+        abort_event: threading.Event | None = None,
+        completion_only: bool = False,
+        embeddings: Sequence[Any] | None = None,
+        banned_strings: Sequence[str] | None = None,
+        return_last_results: bool = False,
+        filters: Sequence[Filter] | None = None,
+        filter_prefer_eos: bool = False,
+    ) -> convenience.GenerateOutput:
+        """Complete one prompt (returns a string) or a list (returns a list), waiting only for these jobs.
+
+        Other jobs keep running and keep their results for the next iterate(); see convenience.generate.
+        """
+        return convenience.generate(
+            self,
+            prompt,
+            max_new_tokens,
+            min_new_tokens=min_new_tokens,
+            seed=seed,
+            gen_settings=gen_settings,
+            token_healing=token_healing,
+            encode_special_tokens=encode_special_tokens,
+            decode_special_tokens=decode_special_tokens,
+            stop_conditions=stop_conditions,
+            add_bos=add_bos,
+            abort_event=abort_event,
+            completion_only=completion_only,
+            embeddings=embeddings,
+            banned_strings=banned_strings,
+            return_last_results=return_last_results,
+            filters=filters,
+            filter_prefer_eos=filter_prefer_eos,
+        )

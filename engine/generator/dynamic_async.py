@@ -19,10 +19,17 @@ import asyncio
 import logging
 import queue
 import threading
+from collections.abc import Sequence
 from typing import Any
 
+import torch
+
+from engine.cache.cache import Cache
 from engine.generator.dynamic import DynamicGenerator, JobFailure
+from engine.generator.filters import Filter
 from engine.generator.job import DynamicJob
+from engine.generator.sampler import SamplerSettings
+from engine.reasoning import ReasoningFormat
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +55,47 @@ def _resolve(done: asyncio.Future | None, value: bool) -> None:
 
 
 class DynamicGeneratorAsync:
-    """A DynamicGenerator on a dedicated engine thread; arguments are passed to DynamicGenerator."""
+    """A DynamicGenerator on a dedicated engine thread; its parameters are DynamicGenerator's, with its defaults."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        self.generator = DynamicGenerator(*args, **kwargs)
+    def __init__(
+        self,
+        model,
+        cache: Cache,
+        tokenizer,
+        max_batch_size: int | None = None,
+        max_seq_len: int | None = None,
+        max_chunk_size: int | None = None,
+        max_q_size: int = 8,
+        draft_model=None,
+        draft_cache=None,
+        num_draft_tokens: int = 4,
+        use_ngram_draft: bool = False,
+        max_ngram: int = 4,
+        max_sampling_threads: int = 16,
+        min_sampling_threads: int = 3,
+        paged: bool = True,
+        filter_background_eval: bool = True,
+        adapt_threads: bool = True,
+    ):
+        self.generator = DynamicGenerator(
+            model,
+            cache,
+            tokenizer,
+            max_batch_size=max_batch_size,
+            max_seq_len=max_seq_len,
+            max_chunk_size=max_chunk_size,
+            max_q_size=max_q_size,
+            draft_model=draft_model,
+            draft_cache=draft_cache,
+            num_draft_tokens=num_draft_tokens,
+            use_ngram_draft=use_ngram_draft,
+            max_ngram=max_ngram,
+            max_sampling_threads=max_sampling_threads,
+            min_sampling_threads=min_sampling_threads,
+            paged=paged,
+            filter_background_eval=filter_background_eval,
+            adapt_threads=adapt_threads,
+        )
         self.jobs: dict[int, DynamicJobAsync] = {}  # serial -> async job (touched by the engine thread only)
         self._commands: queue.Queue = queue.Queue()
         # Orders enqueue/cancel/close against the engine thread stopping, so no command is left unread.
@@ -222,13 +266,58 @@ class DynamicGeneratorAsync:
 
 
 class DynamicJobAsync:
-    """A job whose results arrive with `async for result in job`; arguments are passed to DynamicJob.
+    """A job whose results arrive with `async for result in job`, enqueued on `generator` at once; the other
+    parameters are DynamicJob's, with its defaults.
 
     Leaving the loop early (break, an exception, or closing the iterator) cancels the job.
     """
 
-    def __init__(self, generator: DynamicGeneratorAsync, *args: Any, **kwargs: Any):
-        self.job = DynamicJob(*args, **kwargs)
+    def __init__(
+        self,
+        generator: DynamicGeneratorAsync,
+        input_ids: torch.Tensor | Sequence[int],
+        max_new_tokens: int,
+        min_new_tokens: int = 0,
+        max_skips: int = 4,
+        gen_settings: SamplerSettings | None = None,
+        seed: int | None = None,
+        stop_conditions: Sequence[int | str] | None = None,
+        decode_special_tokens: bool = False,
+        return_top_tokens: int = 0,
+        return_logits: bool = False,
+        return_probs: bool = False,
+        filters: Sequence[Filter] | Filter | None = None,
+        filter_prefer_eos: bool = False,
+        token_healing: bool = False,
+        identifier: object = None,
+        banned_strings: Sequence[str] | None = None,
+        embeddings: Sequence[Any] | None = None,
+        reasoning: ReasoningFormat | None = None,
+        prompt_penalties: bool = True,
+        priority: int = 0,
+    ):
+        self.job = DynamicJob(
+            input_ids,
+            max_new_tokens,
+            min_new_tokens=min_new_tokens,
+            max_skips=max_skips,
+            gen_settings=gen_settings,
+            seed=seed,
+            stop_conditions=stop_conditions,
+            decode_special_tokens=decode_special_tokens,
+            return_top_tokens=return_top_tokens,
+            return_logits=return_logits,
+            return_probs=return_probs,
+            filters=filters,
+            filter_prefer_eos=filter_prefer_eos,
+            token_healing=token_healing,
+            identifier=identifier,
+            banned_strings=banned_strings,
+            embeddings=embeddings,
+            reasoning=reasoning,
+            prompt_penalties=prompt_penalties,
+            priority=priority,
+        )
         self.generator = generator
         self.queue: asyncio.Queue = asyncio.Queue()
         self.cancelled = False

@@ -17,17 +17,25 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from numbers import Real
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 if TYPE_CHECKING:
-    from engine.generator.job import DynamicJob
     from engine.generator.scheduler import Step
 
 # A token the negative prompt rules out entirely (log-prob -inf) would get an infinite mixed logit for
 # cfg_scale > 1; it is treated as merely very unlikely there instead.
 _MIN_NEGATIVE_LOGPROB = -1.0e4
+
+
+class PairJob(Protocol):
+    """The fields of a CFG job this module reads and rewrites (DynamicJob has them; job.py imports this module)."""
+
+    prompt_ids: list[int]
+    negative_ids: list[int] | None
+    left_padded: bool
+    max_new_tokens: int
 
 
 def _one_prompt(prompt: Any, which: str) -> list[int]:
@@ -93,7 +101,7 @@ def padding_id(tokenizer: Any) -> int:
     return next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
 
 
-def strip_left_padding(job: DynamicJob, tokenizer: Any) -> None:
+def strip_left_padding(job: PairJob, tokenizer: Any) -> None:
     """Drop the left padding of a [2, n] CFG pair (a no-op for other jobs); called once, at enqueue.
 
     Only padding the other row lacks is removed: a pad-valued token both rows start with (a BOS that doubles
@@ -115,7 +123,7 @@ def strip_left_padding(job: DynamicJob, tokenizer: Any) -> None:
 
 
 def check_fits(
-    job: DynamicJob,
+    job: PairJob,
     vocab_size: int,
     max_batch_size: int,
     pages_for: Callable[[int], int],

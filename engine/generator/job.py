@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from engine.generator.guidance import check_cfg_scale, split_prompt_pair
 from engine.generator.filters import Filter
+from engine.generator.guidance import check_cfg_scale, split_prompt_pair
 from engine.generator.images import check_job_embeddings
 from engine.generator.sampler import SamplerSettings
 from engine.reasoning import ReasoningFormat
@@ -130,6 +130,9 @@ class DynamicJob:
     `prompt_penalties` False makes the presence and frequency penalties count generated tokens only, OpenAI's
     rule (the server's); the repetition penalty still counts the prompt too, as vLLM's does. True (the
     default, exllamav2's way) counts the prompt for all three.
+
+    `priority`: waiting jobs of a higher priority are admitted first, equal ones first come first served (the
+    app's chats go ahead of its local server's requests). A running job is never preempted.
     """
 
     def __init__(
@@ -153,6 +156,7 @@ class DynamicJob:
         embeddings: Sequence[Any] | None = None,
         reasoning: ReasoningFormat | None = None,
         prompt_penalties: bool = True,
+        priority: int = 0,
     ):
         filters = _check_filters(filters, token_healing)
         pair = split_prompt_pair(input_ids)
@@ -207,6 +211,9 @@ class DynamicJob:
             raise ValueError(f"reasoning must be a ReasoningFormat (engine.reasoning) or None, got {reasoning!r}")
         self.reasoning = reasoning  # results then tell reasoning from answer
         self.prompt_penalties = bool(prompt_penalties)
+        if isinstance(priority, bool) or not isinstance(priority, Integral):
+            raise ValueError(f"priority must be an int (higher is admitted first), got {priority!r}")
+        self.priority = int(priority)
 
         # Set by the generator.
         self.serial: int | None = None

@@ -26,6 +26,8 @@ class Result(TypedDict, total=False):
     max_progress: int
     # stage "streaming"
     text: str
+    reasoning: str  # with a job's ReasoningFormat: the part of `text` that is thinking, tags left out
+    answer: str  # ... and the part that is answer
     token_ids: torch.Tensor  # [1, n] tokens released with `text`
     token_probs: torch.Tensor  # [1, n] when return_probs
     top_k_tokens: torch.Tensor  # [1, n, k] when return_top_tokens
@@ -39,6 +41,8 @@ class Result(TypedDict, total=False):
     eos_triggering_token_str: str
     eos_triggering_string: str
     full_completion: str
+    full_reasoning: str  # with a ReasoningFormat: all the thinking, tags left out
+    full_answer: str  # ... and all the answer
     new_tokens: int
     prompt_tokens: int
     cached_tokens: int

@@ -1,4 +1,5 @@
-"""Admission, prefix reuse and page bookkeeping for the dynamic generator. Ids and counts only, no tensors.
+"""Policy of the dynamic generator: admission order, skips, CFG pairs, chunking and a token budget per step.
+Ids and counts only, no tensors; which pages hold what is the cache manager's (engine/cache/manager.py).
 
 Life of a sequence: waiting -> admitted (pages matched, copied or allocated for prompt + max_new_tokens, so
 a running job never runs out of pages) -> prefill chunks -> one token per step -> finished (pages released;
@@ -14,7 +15,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.cache.page_table import ROOT_HASH, Page, PageTable, chain_hash
+from engine.cache.manager import CacheManager, PageCopy
+from engine.cache.page_table import Page
 from engine.vision.embedding import is_mm_id
 
 
@@ -34,6 +36,7 @@ class Seq:
     cached_pages: int = 0
     skips: int = 0
     admitted: bool = False
+    priority: int = 0  # higher is admitted first (DynamicJob.priority)
     negative: Seq | None = None  # a CFG job's negative-prompt sequence, moved in lockstep with this one
     shadow: bool = False  # this is such a negative sequence
 
@@ -57,39 +60,45 @@ class Step:
     needs_logits: bool
 
 
-@dataclass(frozen=True)
-class PageCopy:
-    src: int
-    dst: int
-    num_tokens: int
-
-
 class Scheduler:
-    def __init__(self, page_table: PageTable, max_batch_size: int, max_chunk_size: int):
-        self.table = page_table
+    """Decides which sequences run and what each feeds per forward; asks the cache manager for their pages.
+
+    A step feeds at most `max_step_tokens` tokens (default: `max_batch_size * max_chunk_size`, which full
+    batches of full chunks reach): single-token steps (decoding) are counted first, and prefill chunks, at most
+    `max_chunk_size` each, share what they leave in admission order (an image's id run is never split, so a chunk
+    may pass both by less than one image).
+    """
+
+    def __init__(
+        self, cache: CacheManager, max_batch_size: int, max_chunk_size: int, max_step_tokens: int | None = None
+    ):
+        self.cache = cache
         self.max_batch_size = max_batch_size
         self.max_chunk_size = max_chunk_size
+        self.max_step_tokens = max_step_tokens or max_batch_size * max_chunk_size
+        if self.max_step_tokens < max_batch_size:
+            # Fewer could leave no token for any prefill once every other sequence decodes.
+            raise ValueError(
+                f"max_step_tokens ({self.max_step_tokens}) must be at least max_batch_size ({max_batch_size}), "
+                "so a step holds every decoding sequence and one prefill token; raise it or lower max_batch_size"
+            )
         self.waiting: deque[Seq] = deque()
         self.active: list[Seq] = []
-        self._planned: dict[int, int] = {}  # chain hash of a prompt page being prefilled -> serial
-        self._copy_sources: list[Page] = []
 
     # --- admission ---------------------------------------------------------------------------------------
 
-    def pages_needed(self, seq: Seq) -> int:
-        return self.table.pages_for(seq.total_tokens)
-
     def admit(self) -> tuple[list[Seq], list[PageCopy]]:
-        """Admit waiting sequences FIFO; a later one may pass one that does not fit, at most max_skips times."""
+        """Admit waiting sequences by priority, then FIFO; a later one may pass one that does not fit, at most
+        max_skips times."""
         admitted: list[Seq] = []
         copies: list[PageCopy] = []
         passed: list[Seq] = []
-        for seq in list(self.waiting):
+        for seq in sorted(self.waiting, key=lambda s: -s.priority):  # stable: FIFO within a priority
             if len(self.active) >= self.max_batch_size:
                 break
             if any(p.skips >= p.max_skips for p in passed):
                 break  # someone ahead was passed over often enough: it goes first
-            result = self._try_admit(seq) if seq.negative is None else self._try_admit_pair(seq)
+            result = self._try_admit(seq)
             if result is None:
                 passed.append(seq)
                 continue
@@ -101,105 +110,49 @@ class Scheduler:
             copies.extend(result)
         return admitted, copies
 
-    def _try_admit(self, seq: Seq, reserve: int = 0, check_planned: bool = True) -> list[PageCopy] | None:
-        """Match, copy and allocate a sequence's pages, leaving `reserve` free pages; None if it must wait."""
-        ps = self.table.page_size
-        # The last prompt token is always recomputed: it produces the first logits.
-        reusable = seq.prompt_len - 1
-        matched = self.table.match_full_pages(seq.tokens, reusable)
-        prev = matched[-1].hash if matched else ROOT_HASH
-        done = len(matched) * ps
-        # Another job is computing our next full page right now: wait for it rather than compute it twice.
-        if check_planned and done + ps <= reusable and chain_hash(prev, seq.tokens[done : done + ps]) in self._planned:
+    def _try_admit(self, seq: Seq) -> list[PageCopy] | None:
+        """Pages for a sequence (with its CFG negative: both or neither, since a half holding pages while the
+        other waits could leave two such jobs each waiting for the other's); None if it must wait."""
+        group = seq.group
+        if len(self.active) + len(group) > self.max_batch_size:
             return None
-        num_new = self.pages_needed(seq) - len(matched)
-        free_after_match = self.table.num_free - sum(1 for p in matched if p.ref_count == 0)
-        if num_new + reserve > free_after_match:
+        hits = [self.cache.lookup(s.tokens[: s.prompt_len]) for s in group]
+        if any(hit.pending for hit in hits):
+            return None  # another sequence is computing a next prompt page: wait rather than compute it twice
+        # Pages for prompt + max_new_tokens up front, so a running sequence never runs out of them.
+        copies = self.cache.allocate(group, [s.total_tokens for s in group], hits)
+        if copies is None:
             return None
-        for page in matched:
-            self.table.acquire(page)
-        source, num_copy = self.table.best_partial(prev, seq.tokens[done:], min(ps, reusable - done))
-        if source is not None and num_copy > 0:
-            if source.ref_count == 0 and free_after_match - 1 < num_new + reserve:
-                source, num_copy = None, 0  # holding the source would starve the allocation
-            else:
-                self.table.acquire(source)  # keep it from being reused before the copy happens
-                self._copy_sources.append(source)
-        new_pages: list = []
-        for i in range(num_new):
-            before = new_pages[-1] if new_pages else (matched[-1] if matched else None)
-            after = before.page_id if before is not None else None
-            new_pages.append(self.table.allocate(prev if i == 0 else ROOT_HASH, seq.serial, after=after))
-        seq.pages = matched + new_pages
-        copies = []
-        if source is not None and num_copy > 0:
-            new_pages[0].token_ids = list(seq.tokens[done : done + num_copy])
-            copies.append(PageCopy(source.page_id, new_pages[0].page_id, num_copy))
-        seq.num_computed = done + num_copy
-        seq.cached_tokens = seq.num_computed
-        seq.cached_pages = len(matched) + (1 if num_copy else 0)
-        seq.admitted = True
-        # Announce the prompt pages this sequence will compute, so a twin prompt waits instead of duplicating.
-        h = prev
-        for start in range(done, reusable - ps + 1, ps):
-            h = chain_hash(h, seq.tokens[start : start + ps])
-            self._planned.setdefault(h, seq.serial)
+        for s in group:
+            s.cached_tokens = s.num_computed
+            s.cached_pages = self.cache.pages_for(s.num_computed)
+            s.admitted = True
         return copies
-
-    def _try_admit_pair(self, seq: Seq) -> list[PageCopy] | None:
-        """Admit a CFG job's two sequences together or neither: a half holding pages while the other half waits
-        could leave two such jobs each waiting for the other's pages."""
-        pair = seq.group
-        if len(self.active) + len(pair) > self.max_batch_size or any(self._waits_for_planned(s) for s in pair):
-            return None
-        matches = [self.table.match_full_pages(s.tokens, s.prompt_len - 1) for s in pair]
-        num_new = [self.pages_needed(s) - len(m) for s, m in zip(pair, matches)]
-        # Hold both matches while admitting, so the first half's allocations cannot evict the second's prefix.
-        held = [p for m in matches for p in m]
-        for page in held:
-            self.table.acquire(page)
-        copies = None
-        if sum(num_new) <= self.table.num_free:
-            # Pages the first half announces may hold the second's prefix: both compute it rather than wait.
-            copies = self._try_admit(pair[0], reserve=num_new[1], check_planned=False)
-            second = self._try_admit(pair[1], check_planned=False) if copies is not None else None
-            if copies is not None and second is None:
-                raise RuntimeError(f"CFG job {seq.serial}: its negative sequence did not fit after the page check")
-            copies = None if copies is None else copies + second
-        for page in held:
-            self.table.release(page)
-        return copies
-
-    def _waits_for_planned(self, seq: Seq) -> bool:
-        """Another sequence is computing this one's next full prompt page right now."""
-        ps, reusable = self.table.page_size, seq.prompt_len - 1
-        matched = self.table.match_full_pages(seq.tokens, reusable)
-        prev, done = (matched[-1].hash if matched else ROOT_HASH), len(matched) * ps
-        return done + ps <= reusable and chain_hash(prev, seq.tokens[done : done + ps]) in self._planned
-
-    def copies_done(self) -> None:
-        """The generator executed the page copies returned by admit(): drop the sources' temporary holds."""
-        for page in self._copy_sources:
-            self.table.release(page)
-        self._copy_sources.clear()
 
     # --- planning and committing -------------------------------------------------------------------------
 
     def plan(self) -> list[Step]:
-        """Prefill chunks and decode tokens of every active sequence for one forward pass."""
+        """Prefill chunks and decode tokens of every active sequence for one forward pass, within the budget."""
+        budget = self.max_step_tokens - sum(1 for s in self.active if len(s.tokens) - s.num_computed == 1)
         steps = []
         for seq in self.active:
             if seq.shadow:
                 continue  # planned with its positive sequence
-            group = [self._step(s) for s in seq.group]
+            group = []
+            for s in seq.group:
+                group.append(self._step(s, budget - sum(_prefill_tokens(step) for step in group)))
             # A CFG job's two logits rows are mixed, so they come from the same forward: a half whose last
             # prefill chunk is ready waits for the other half's.
             paired = all(step is not None and step.needs_logits for step in group)
-            steps += [step for step in group if step is not None and (not step.needs_logits or paired)]
+            kept = [step for step in group if step is not None and (not step.needs_logits or paired)]
+            budget -= sum(_prefill_tokens(step) for step in kept)
+            steps += kept
         return steps
 
-    def _step(self, seq: Seq) -> Step | None:
-        n = min(len(seq.tokens) - seq.num_computed, self.max_chunk_size)
+    def _step(self, seq: Seq, budget: int) -> Step | None:
+        """The sequence's next chunk; a single token (a decode step) is counted in the budget already."""
+        remaining = len(seq.tokens) - seq.num_computed
+        n = remaining if remaining <= 1 else min(remaining, self.max_chunk_size, budget)
         if n <= 0:
             return None
         start = seq.num_computed
@@ -207,28 +160,8 @@ class Scheduler:
         return Step(seq, start, seq.tokens[start : start + n], start + n == len(seq.tokens))
 
     def commit(self, step: Step) -> None:
-        """The forward wrote K/V rows for this step's tokens: record them and name pages that became full."""
-        seq, ps = step.seq, self.table.page_size
-        for pos in range(step.start, step.start + len(step.token_ids)):
-            page = seq.pages[pos // ps]
-            page.token_ids.append(seq.tokens[pos])
-            if len(page.token_ids) == ps and self._may_name(seq, pos):
-                self._name_page(seq, pos // ps)
-        seq.num_computed = step.start + len(step.token_ids)
-
-    def _may_name(self, seq: Seq, pos: int) -> bool:
-        # Rows that a banned-string rewind may recompute (from the last prompt token on) are named at the end.
-        return not seq.may_rewind or pos < seq.prompt_len - 1
-
-    def _name_page(self, seq: Seq, idx: int) -> None:
-        page = seq.pages[idx]
-        if page.hash is not None:
-            return
-        h = self.table.register_full(page)
-        if self._planned.get(h) == seq.serial:
-            del self._planned[h]
-        if idx + 1 < len(seq.pages):
-            self.table.reparent(seq.pages[idx + 1], h)
+        """The forward wrote K/V rows for this step's tokens: the cache records them."""
+        self.cache.commit(step.seq, step.start + len(step.token_ids))
 
     def append(self, seq: Seq, token_id: int) -> None:
         for s in seq.group:  # a CFG negative mirrors the generated tokens
@@ -238,20 +171,13 @@ class Scheduler:
         """Keep only the first `num_generated` generated tokens; the last kept token is fed again for logits."""
         keep = seq.prompt_len + num_generated
         del seq.tokens[keep:]
-        recompute_from = keep - 1
-        ps = self.table.page_size
-        for idx in range(recompute_from // ps, len(seq.pages)):
-            page = seq.pages[idx]
-            valid = max(0, recompute_from - idx * ps)
-            if page.num_valid > valid:
-                self.table.truncate(page, valid)
-        seq.num_computed = min(seq.num_computed, recompute_from)
+        self.cache.rewind(seq, keep - 1)
         if seq.negative is not None:
             self.rewind(seq.negative, num_generated)
 
     # --- leaving -----------------------------------------------------------------------------------------
 
-    def finish(self, seq: Seq, keep_cache: bool = True) -> None:
+    def finish(self, seq: Seq) -> None:
         """Release a sequence's pages (finished or cancelled, waiting or active)."""
         if seq in self.waiting:
             self.waiting.remove(seq)
@@ -259,18 +185,14 @@ class Scheduler:
         if seq not in self.active:
             return
         self.active.remove(seq)
-        ps = self.table.page_size
-        if keep_cache and seq.may_rewind:
-            for idx in range(min(seq.num_computed // ps, len(seq.pages))):
-                if seq.pages[idx].num_valid == ps:
-                    self._name_page(seq, idx)
-        for h in [h for h, s in self._planned.items() if s == seq.serial]:
-            del self._planned[h]
-        for page in seq.pages:
-            self.table.release(page)
-        seq.pages = []
+        self.cache.free(seq)
         if seq.negative is not None:
-            self.finish(seq.negative, keep_cache)
+            self.finish(seq.negative)
+
+
+def _prefill_tokens(step: Step | None) -> int:
+    """Tokens a step takes from the budget's prefill share (a sequence's last single token was counted up front)."""
+    return 0 if step is None or (step.needs_logits and len(step.token_ids) == 1) else len(step.token_ids)
 
 
 def _keep_images_whole(tokens: list[int], start: int, n: int) -> int:

@@ -286,7 +286,9 @@ def merge_results(results: list[Result]) -> Result:
     if len(results) == 1:
         return results[0]
     merged: Result = dict(results[-1])  # eos, held text and counters come from the last
-    merged["text"] = "".join(r.get("text", "") for r in results)
+    for key in ("text", "reasoning", "answer"):  # reasoning and answer only with a job's ReasoningFormat
+        if key in results[-1]:
+            merged[key] = "".join(r.get(key, "") for r in results)
     for key in _CONCAT_TENSORS:
         parts = [r[key] for r in results if key in r]
         if parts:

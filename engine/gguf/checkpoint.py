@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from engine.config.model import ModelConfig
 from engine.config.gguf import ARCHITECTURES, read_gguf_config
+from engine.config.model import ModelConfig
 from engine.errors import CorruptFileError
 from engine.gguf.file import GGUFFile
 from engine.gguf.names import (

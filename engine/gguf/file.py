@@ -1,8 +1,8 @@
 """Open a GGUF file once: its metadata as plain Python values and its tensors as views of the mapped file.
 
 The header is parsed here rather than by `gguf.GGUFReader`, which builds a numpy view for every element of
-every array: for the starter's 49,152-token vocabulary and its merges that took about 3 s of a 1B model's
-3.5 s load (and the model manager's first look at a file). Arrays of numbers come out of one
+every array: for a large vocabulary and its merges that is most of a model's load time (and of the model
+manager's first look at a file). Arrays of numbers come out of one
 `numpy.frombuffer`, strings from one pass over the bytes; the result is the same values (tests compare
 with GGUFReader on the starter and on files written by `gguf`'s own writer). Tensor data is never read
 here: each tensor's `data` is a view of the memory map, shaped as GGUFReader shapes it (rows of blocks for

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from engine.config.model import ModelConfig
 from engine.config.gguf import ARCHITECTURES
+from engine.config.model import ModelConfig
 from engine.errors import TensorMismatchError
 
 log = logging.getLogger(__name__)

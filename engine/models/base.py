@@ -123,7 +123,7 @@ class Model(nn.Module):
                 parts.append(part)
             value = combine_parts(parts, self.get_submodule(name.rsplit(".", 1)[0]) if "." in name else self)
             if len(parts) > 1:  # joined into a new tensor: drop the parts, or the load's peak holds both copies
-                for src in self.checkpoint_names(name):  # (a 1B Q4_K_M file: 1,377 -> 1,202 MiB at the peak)
+                for src in self.checkpoint_names(name):
                     del tensors[src]
             del parts
             if tuple(value.shape) != tuple(param.shape):
@@ -138,8 +138,8 @@ class Model(nn.Module):
         self.load_state_dict(state, strict=False, assign=True)
         for name, value in quantized.items():
             load_packed(self, name, value)
-            # packing's temporaries: trimmed after every weight, the load's peak was 1,090-1,210 MiB in five
-            # runs on the starter; after large ones only, 1,093 or 1,333 (engine/memory.py)
+            # packing's temporaries, trimmed after every weight: trimming after large ones only leaves the load's
+            # peak to chance (which heaps the freed blocks sat in; engine/memory.py)
             release_freed_memory()
         if self.config.tie_word_embeddings:
             self.tie_weights()

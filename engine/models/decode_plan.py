@@ -3,15 +3,14 @@
 A step where every sequence adds one token is the same ~10 kernel calls per layer each time, on tensors of the
 same shapes; only the token embeddings, rotary rows, page tables, lengths and cache slots change. The plan
 records those calls once per row count, bound to buffers it owns, and a step refills the inputs and replays
-them; the final norm and the output head too, where the head is held in GGUF blocks. The starter's greedy
-decode went from 123 to 284 tok/s with it (8.1 to 3.5 ms a step), a 1B Q4_K_M file's from 62 to 72 (the
-README's benchmark has the side-by-side figures).
+them; the final norm and the output head too, where the head is held in GGUF blocks. A small model's step is
+mostly Python and dispatch overhead through the modules, which the plan removes.
 
 Each call is the one the layer's modules would make, with the same arguments (the ops' own `bind_*`
 functions), so a planned step gives the same bits as `DecoderLayer.forward`; tests/engine/models/
 test_decode_plan.py holds it to that. Llama, Mistral, Qwen2 (q/k/v biases) and Qwen3 (q/k norms) layers are
 covered; a model or batch the plan does not cover (float or int4 weights, Gemma 3's layers, CUDA, prompt
-tokens in the batch, TANDEM_FORCE_REFERENCE) takes the modules as before.
+tokens in the batch, TANDEM_FORCE_REFERENCE) takes the modules.
 """
 
 from __future__ import annotations
@@ -77,8 +76,8 @@ class DecodePlan:
                 return None
             x, residual = out
         # The final norm and the head, apart: a head the kernels do not take (float weights) leaves them to the
-        # modules. In the plan they cost about 0.2 ms less a starter step: run as modules, their torch ops came
-        # right after the step's weights had streamed through the caches (the norm alone took 250 us then).
+        # modules. Run as modules, their torch ops would start right after the step's weights had streamed
+        # through the CPU caches and evicted what those ops need.
         head = ops.decode_plan()
         logits = None if head is None else _record_head(head, model, x, residual)
         return cls(plan, inputs, (x, residual), cache, rows, None if logits is None else (head, logits))

@@ -19,7 +19,7 @@ class Embedding(nn.Embedding):
     def __init__(self, num_embeddings: int, embedding_dim: int):
         # An uninitialized table: the loader fills it. nn.Embedding's own random init would, on the meta device
         # models are built on, go through torch._refs and import torch._dynamo (and triton where installed):
-        # about 140 MiB of resident memory and a second of loading, for nothing.
+        # a large share of resident memory and load time, for nothing.
         super().__init__(num_embeddings, embedding_dim, _weight=torch.empty(num_embeddings, embedding_dim))
         self.register_buffer("blocks", None)  # uint8 after `load_blocks`: [num_embeddings, row bytes], or x16 tiles
         self.block_type = ""

@@ -10,23 +10,45 @@ import os
 import socket
 import sys
 
+from engine.loading.builtin import MODEL_HELP
+from engine.server.sizing import CACHE_TOKENS
+
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
+# One default for `engine serve` and the app's local server: LM Studio's port, which many OpenAI clients and
+# editor plugins already point at for a local model (vLLM's 8000 is often taken by web development servers).
+DEFAULT_PORT = 1234
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a Hugging Face model folder, a .gguf file, or 'starter'")
+    p.add_argument("model", help=MODEL_HELP)
     p.add_argument("--host", default=LOOPBACK, help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port to bind (0: any free port)")
+    p.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port to bind (default {DEFAULT_PORT}; 0: any free port)"
+    )
     p.add_argument(
         "--api-key",
         default=None,
         help="key clients must send as 'Authorization: Bearer KEY' (default: $TANDEM_API_KEY)",
     )
-    p.add_argument("--max-concurrent", type=int, default=8, help="requests generating at once (default 8)")
     p.add_argument(
-        "--max-queue", type=int, default=64, help="requests allowed to wait beyond those before 503 (default 64)"
+        "--max-concurrent",
+        type=int,
+        default=None,
+        help="most requests generating at once (default: as many as the cache's free pages hold)",
+    )
+    p.add_argument(
+        "--cache-tokens",
+        type=int,
+        default=None,
+        help=f"tokens of KV cache that all requests share (default {CACHE_TOKENS}, at least one --context)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=64,
+        help="requests allowed to wait beyond those running before 503 (default 64)",
     )
     p.add_argument(
         "--context",
@@ -78,16 +100,26 @@ def run(args: argparse.Namespace, model_path) -> int:
     from engine.server.served import ServedModel
 
     context = args.context if args.context is not None else 8192
-    if context < 2 or args.max_concurrent < 1 or args.max_queue < 0 or args.max_body_mb <= 0:
-        raise ValueError("--context must be >= 2, --max-concurrent >= 1, --max-queue >= 0 and --max-body-mb > 0")
+    max_concurrent, cache_tokens = args.max_concurrent, args.cache_tokens
+    if (
+        context < 2
+        or (max_concurrent is not None and max_concurrent < 1)
+        or (cache_tokens is not None and cache_tokens < 1)
+        or args.max_queue < 0
+        or args.max_body_mb <= 0
+    ):
+        raise ValueError(
+            "--context must be >= 2, --max-concurrent >= 1, --cache-tokens >= 1, --max-queue >= 0 and --max-body-mb > 0"
+        )
     served = ServedModel.load(
         model_path,
         model_id=args.model_id,
         dtype=getattr(torch, args.dtype) if args.dtype else None,
         device=args.device,
         context=context,
-        max_concurrent=args.max_concurrent,
+        max_concurrent=max_concurrent,
         max_queue=args.max_queue,
+        cache_tokens=cache_tokens,
     )
     api_key = args.api_key or os.environ.get("TANDEM_API_KEY") or None
     options = ServerOptions(api_key=api_key, max_body_bytes=int(args.max_body_mb * 1024 * 1024))
@@ -97,7 +129,11 @@ def run(args: argparse.Namespace, model_path) -> int:
             f"warning: serving on {args.host} without --api-key: anyone who can reach this machine can use the model",
             file=sys.stderr,
         )
-    print(f"Serving {served.model_id} at {url_of(sock)} (context {served.context} tokens)", flush=True)
+    print(
+        f"Serving {served.model_id} at {url_of(sock)} (context {served.context} tokens, cache "
+        f"{served.cache.max_seq_len} tokens)",
+        flush=True,
+    )
     server = make_server(create_app(served, options), log_level="info" if log.isEnabledFor(logging.INFO) else "warning")
     asyncio.run(server.serve(sockets=[sock]))
     return 0

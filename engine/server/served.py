@@ -5,8 +5,10 @@ app builds one over the model, cache and generator its chats already use (Served
 server's jobs and the chats' jobs batch together and share cached prefixes.
 
 The routes never touch tensors or the generator directly; they ask this object for prompt ids, image
-embeddings and jobs. Prompts and images are prepared off the event loop (a chat template may take up to its
-2 s render limit, a vision tower a forward pass), so one slow request never stalls the others' streams.
+embeddings and jobs, which it gets from the model's chat front door (engine.chat.door, the one the app's chats
+use) and words its refusals as API errors. Prompts and images are prepared off the event loop (a chat template
+may take up to its 2 s render limit, a vision tower a forward pass), so one slow request never stalls the others'
+streams.
 """
 
 from __future__ import annotations
@@ -21,38 +23,33 @@ from typing import Any
 import torch
 
 from engine.cache import Cache
-from engine.chat_prompt import encode_chat
+from engine.chat.door import ChatFrontDoor
+from engine.chat.errors import ContextOverflow
+from engine.chat.request import AnswerOptions, ChatRequest
 from engine.chat_template import ChatTemplate
 from engine.errors import ChatTemplateError
 from engine.generator.dynamic_async import DynamicGeneratorAsync, DynamicJobAsync, GeneratorClosedError
-from engine.models.vision import vision_of
-from engine.reasoning import reasoning_format_of
 from engine.server.errors import APIError, bad_request
 from engine.server.messages import ChatInput
 from engine.server.params import Generation
+from engine.server.sizing import PAGE_SIZE, cache_size
+from engine.vision.handle import vision_of
 
 log = logging.getLogger(__name__)
 
-PAGE_SIZE = 256
-MAX_CACHE_TOKENS = 32768  # beyond one context, the cache grows with max_concurrent up to this
 # The generator keeps every generated token's float32 logits row for a job that returns logits (logprobs need
 # them), so such a job's length is bounded by this much memory: about 2,700 tokens for a 49k vocabulary.
 LOGPROBS_BYTES = 512 * 1024 * 1024
 
 
-def cache_tokens(context: int, max_concurrent: int, page_size: int = PAGE_SIZE) -> int:
-    """Tokens of KV cache: room for every concurrent job at full context, but at most MAX_CACHE_TOKENS
-    unless one context needs more (jobs rarely all reach the full context, and shared prefixes share pages)."""
-    tokens = max(context, min(context * max_concurrent, MAX_CACHE_TOKENS))
-    return -(-tokens // page_size) * page_size
-
-
 class ServedModel:
     """A loaded model behind the server: prompt building, image embedding, and jobs on one generator.
 
-    `context` is the most tokens one request may hold (prompt + completion); `max_concurrent` the jobs
-    generating at once (more wait in the generator's queue); `max_queue` the requests allowed to wait
-    beyond those before the server answers 503.
+    `context` is the most tokens one request may hold (prompt + completion). Jobs generate at once while
+    the cache's free pages hold their prompt and completion (`cache_tokens` sizes it, engine/server/sizing.py);
+    `max_concurrent`, when given, caps them too. `max_queue` is the requests allowed to wait beyond the
+    most that can run before the server answers 503. `priority` is its jobs' place in the generator's
+    admission order (DynamicJob.priority): a shared generator's owner puts its own jobs first.
     """
 
     def __init__(
@@ -60,37 +57,51 @@ class ServedModel:
         model: Any,
         model_id: str,
         context: int = 8192,
-        max_concurrent: int = 8,
+        max_concurrent: int | None = None,
         max_queue: int = 64,
         page_size: int = PAGE_SIZE,
         *,
+        cache_tokens: int | None = None,
+        priority: int = 0,
         tokenizer: Any = None,
         template: ChatTemplate | None = None,
         cache: Cache | None = None,
         vision: Any = None,
+        chat: ChatFrontDoor | None = None,
     ):
-        """`tokenizer`, `template`, `cache` and `vision` default to the model's own and a new cache."""
-        if context < 2 or max_concurrent < 1 or max_queue < 0:
+        """`tokenizer`, `template`, `cache` and `vision` default to the model's own and a new cache; `chat`, the
+        front door requests go through, to a new one over them (pass the owner's to share its image cache)."""
+        if context < 2 or (max_concurrent is not None and max_concurrent < 1) or max_queue < 0:
             raise ValueError(
-                f"context must be >= 2, max_concurrent >= 1 and max_queue >= 0; got {context}, {max_concurrent}, "
-                f"{max_queue}"
+                f"context must be >= 2, max_concurrent None or >= 1 and max_queue >= 0; got {context}, "
+                f"{max_concurrent}, {max_queue}"
             )
+        if cache_tokens is not None and cache_tokens < 1:
+            raise ValueError(f"cache_tokens must be None (the default budget) or >= 1; got {cache_tokens}")
         self.model = model
         self.model_id = model_id
         self.tokenizer = tokenizer if tokenizer is not None else model.tokenizer
         self.template = template if template is not None else _template(self.tokenizer, model_id)
-        # Chat replies put a reasoning model's thinking in reasoning_content (as vLLM and DeepSeek's API do).
-        self.reasoning = reasoning_format_of(self.template, self.tokenizer)
         self.vision = vision if vision is not None else vision_of(model)
-        self.context = min(context, model.config.max_position_embeddings)
+        context = min(context, model.config.max_position_embeddings)
+        if chat is None:
+            chat = ChatFrontDoor(model, self.tokenizer, self.template, context_length=context, vision=self.vision)
+        elif chat.context_length != context:
+            raise ValueError(
+                f"the chat front door's context ({chat.context_length} tokens) differs from the served context "
+                f"({context}); serve the context the door was built with"
+            )
+        self.chat = chat
+        # Chat replies put a reasoning model's thinking in reasoning_content (as vLLM and DeepSeek's API do).
+        self.reasoning = chat.reasoning
         self.max_concurrent = max_concurrent
         self.max_queue = max_queue
+        self.priority = priority
         self.cache = (
             cache
             if cache is not None
-            else Cache(model, max_seq_len=cache_tokens(self.context, max_concurrent, page_size), page_size=page_size)
+            else Cache(model, max_seq_len=cache_size(context, cache_tokens, page_size), page_size=page_size)
         )
-        self.stop_token_ids = sorted(self.tokenizer.eos_token_ids)
         self.created = int(time.time())
         self.in_flight = 0  # requests holding a job, running or waiting (event loop only)
         self.generator: DynamicGeneratorAsync | None = None
@@ -109,25 +120,40 @@ class ServedModel:
         context: int,
         vision: Any,
         name: str,
-        max_concurrent: int = 8,
+        max_concurrent: int | None = None,
         max_queue: int = 64,
+        priority: int = 0,
+        chat: ChatFrontDoor | None = None,
     ) -> ServedModel:
         """Serve a model someone else loaded and runs (the app): requests' jobs join `generator`, which this
-        object neither starts nor closes; `max_concurrent` and `max_queue` only bound the requests let in."""
+        object neither starts nor closes; `max_concurrent` and `max_queue` only bound the requests let in, and
+        `priority` below the owner's jobs' lets the owner's go first. `chat` is the owner's front door, whose
+        image embeddings the requests then share."""
         served = cls(
             model,
             name,
             context,
             max_concurrent,
             max_queue,
+            priority=priority,
             tokenizer=tokenizer,
             template=template,
             cache=cache,
             vision=vision,
+            chat=chat,
         )
         served.generator = generator
         served._owns_generator = False
         return served
+
+    @property
+    def context(self) -> int:
+        """The most tokens one request may hold (prompt + completion): the front door's context."""
+        return self.chat.context_length
+
+    @context.setter
+    def context(self, tokens: int) -> None:
+        self.chat.context_length = tokens
 
     @classmethod
     def load(cls, path: Path, model_id: str | None = None, dtype: torch.dtype | None = None, device: str = "cpu", **kw):
@@ -142,6 +168,7 @@ class ServedModel:
     def start(self) -> None:
         if not self._owns_generator:
             return
+        # max_batch_size None: as many jobs as free pages hold (the generator's rule), capped by --max-concurrent
         self.generator = DynamicGeneratorAsync(
             self.model, self.cache, self.tokenizer, max_batch_size=self.max_concurrent
         )
@@ -173,13 +200,9 @@ class ServedModel:
         """(prompt ids [1, n], image embeddings) of a conversation, through the model's chat template with
         `options` as template variables (chat_template_kwargs)."""
         images = await self._embed(chat.images)
-        placeholder = getattr(self.vision, "image_placeholder", None)
+        request = ChatRequest(chat.messages, images=images, template_options=options or {})
         try:
-            ids = await asyncio.to_thread(
-                lambda: encode_chat(
-                    self.tokenizer, self.template, chat.messages, images, placeholder, **(options or {})
-                )
-            )
+            ids = await asyncio.to_thread(self.chat.prompt_ids, request)
         except ChatTemplateError as e:
             raise bad_request(str(e), "messages") from None
         except ValueError as e:
@@ -198,6 +221,7 @@ class ServedModel:
         )
 
     async def _embed(self, images: list[bytes]) -> list:
+        """The images' embeddings, each through the front door's cache (its vision tower on a miss)."""
         if not images:
             return []
         if self.vision is None:
@@ -208,12 +232,7 @@ class ServedModel:
         embedded = []
         for i, data in enumerate(images):
             try:
-                embedded.append(
-                    await loop.run_in_executor(
-                        self._vision_pool,
-                        lambda d=data: self.vision.get_image_embeddings(tokenizer=self.tokenizer, image=d),
-                    )
-                )
+                embedded.append(await loop.run_in_executor(self._vision_pool, self.chat.embed_image, data))
             except ValueError as e:  # ImageError: not an image, truncated, too large
                 raise bad_request(f"Image {i + 1} of the request cannot be used: {e}", "messages") from None
         return embedded
@@ -225,38 +244,30 @@ class ServedModel:
     ) -> DynamicJobAsync:
         """Enqueue the request's job; 400 when it cannot fit the context, 503 when the queue is full. A chat
         job (prompt_param "messages") of a reasoning model reports its reasoning apart from its answer."""
-        num_prompt = int(ids.shape[-1])
-        max_tokens = self._check_context(num_prompt, generation.max_tokens, prompt_param)
+        answer = AnswerOptions(
+            settings=generation.settings,
+            max_new_tokens=generation.max_tokens,
+            shorten_to_fit=False,  # the client asked for max_tokens: refuse rather than give fewer
+            min_new_tokens=generation.min_tokens,
+            stop=generation.stop,
+            seed=generation.seed,
+            filters=generation.filters,
+            return_logits=generation.logprobs,
+            prompt_penalties=False,  # OpenAI's presence/frequency penalties count the completion only
+            split_reasoning=prompt_param == "messages",
+            priority=self.priority,
+        )
+        max_tokens = self._fit(int(ids.shape[-1]), answer, prompt_param)
         if generation.logprobs:
             max_tokens = self._check_logprobs(max_tokens, asked=generation.max_tokens is not None)
-        if self.in_flight >= self.max_concurrent + self.max_queue:
-            raise APIError(
-                503,
-                f"The server is busy: {self.in_flight} requests are running or waiting (--max-concurrent "
-                f"{self.max_concurrent}, --max-queue {self.max_queue}). Retry shortly.",
-                code="server_overloaded",
-                headers={"Retry-After": "1"},
-            )
+        self._check_room()
         if generation.min_tokens > max_tokens:
             raise bad_request(
                 f"min_tokens ({generation.min_tokens}) is more than the {max_tokens} tokens this completion may have.",
                 "min_tokens",
             )
         try:
-            job = DynamicJobAsync(
-                self.generator,
-                ids,
-                max_tokens,
-                min_new_tokens=generation.min_tokens,
-                gen_settings=generation.settings,
-                seed=generation.seed,
-                stop_conditions=[*self.stop_token_ids, *generation.stop],
-                return_logits=generation.logprobs,
-                filters=list(generation.filters),
-                embeddings=images,
-                reasoning=self.reasoning if prompt_param == "messages" else None,
-                prompt_penalties=False,  # OpenAI's presence/frequency penalties count the completion only
-            )
+            job = self.chat.start_job(self.generator, ids, answer, max_new_tokens=max_tokens, images=images)
         except GeneratorClosedError:  # a shared generator whose owner swapped or unloaded the model just now
             raise APIError(
                 503,
@@ -272,6 +283,25 @@ class ServedModel:
     def release(self) -> None:
         self.in_flight -= 1
 
+    def _check_room(self) -> None:
+        """503 once as many requests hold a job as can run at once plus --max-queue: each running job holds at
+        least one cache page, so without --max-concurrent the pages bound how many run."""
+        running = self.max_concurrent if self.max_concurrent is not None else self.cache.num_pages
+        if self.in_flight < running + self.max_queue:
+            return
+        cap = (
+            f"--max-concurrent {self.max_concurrent}"
+            if self.max_concurrent is not None
+            else f"as many as the cache's {self.cache.num_pages} pages hold"
+        )
+        raise APIError(
+            503,
+            f"The server is busy: {self.in_flight} requests are running or waiting ({cap}, --max-queue "
+            f"{self.max_queue}). Retry shortly.",
+            code="server_overloaded",
+            headers={"Retry-After": "1"},
+        )
+
     def _check_logprobs(self, max_tokens: int, asked: bool) -> int:
         vocab = self.model.config.vocab_size
         most = max(1, LOGPROBS_BYTES // (4 * vocab))
@@ -285,17 +315,19 @@ class ServedModel:
             "max_tokens",
         )
 
-    def _check_context(self, num_prompt: int, max_tokens: int | None, param: str) -> int:
-        room = self.context - num_prompt
-        if room < 1 or (max_tokens is not None and max_tokens > room):
+    def _fit(self, num_prompt: int, answer: AnswerOptions, param: str) -> int:
+        """The completion's length (the front door's context check), or 400 naming the prompt's `param`."""
+        try:
+            return self.chat.fit(num_prompt, answer)
+        except ContextOverflow as e:
+            max_tokens = e.max_new_tokens
             asked = f" and {max_tokens} for the completion ({num_prompt + max_tokens} in all)" if max_tokens else ""
             raise bad_request(
-                f"This model's maximum context length is {self.context} tokens (--context). The prompt has "
+                f"This model's maximum context length is {e.context_length} tokens (--context). The prompt has "
                 f"{num_prompt} tokens{asked}. Shorten the prompt or lower max_tokens.",
                 param,
                 code="context_length_exceeded",
-            )
-        return max_tokens if max_tokens is not None else room
+            ) from None
 
 
 def _template(tokenizer: Any, name: str) -> ChatTemplate:

@@ -61,13 +61,12 @@ _MAGIC = (
 # engine; and rare formats are where decoders' bugs live.
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 # Decoding's memory budget: the decoded pixels and the copies made converting them (16-bit and float modes go
-# through int32 strips; transparency is composited on white, three RGBA images). An 8192 x 7800 16-bit PNG
-# peaked at 1.9 GB before strips.
+# through int32 strips, so a large 16-bit PNG never holds all its int32 copies at once; transparency is
+# composited on white, three RGBA images).
 MAX_DECODE_BYTES = 1 << 30
 _SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
-# The one limit on a picture, per side and in all, for the app's attachments, the engine and the server. 64 MP
-# rather than the app's former 40 MP: 48 and 50 MP phone photos are common, decoding 64 MP to RGB takes
-# 192 MB (well inside MAX_DECODE_BYTES), and the engine and the server already took 64 MP.
+# The one limit on a picture, per side and in all, for the app's attachments, the engine and the server. 64 MP:
+# 48 and 50 MP phone photos are common, and decoding 64 MP to RGB takes 192 MB, well inside MAX_DECODE_BYTES.
 MAX_SIDE = 8192
 MAX_PIXELS = 64_000_000
 

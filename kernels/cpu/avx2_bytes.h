@@ -20,12 +20,9 @@ static inline __m256i bcast4(const int8_t *p) {
 
 /* Holds the vector variable v in a register at this point. GCC reassociates a chain of integer vector adds
    (legal, they wrap) into a tree that makes every vpmaddubsw product first and adds them after: with 16 ymm
-   registers the products went to the stack and were added from there (the assembly of the old build). Passing
-   each partial sum through here keeps the chain as written. One thread, the old and new builds alternated in one
-   process (15 rounds, median of paired ratios): Q4_K [8192, 2048] x 512 rows 0.80x the time, x 8 rows 0.82x,
-   x 2 rows 0.78x; Q5_K and Q3_K x 64 rows 0.79x; Q4_0 x 512 0.93x; Q6_K and one row unchanged. The int32 chains of
-   the signed types (block32_avx2.h's Q8_0 and IQ4_NL, kquant_avx2.h's IQ4_XS) take it too: Q8_0 x 8 and x 512
-   rows 0.91x, IQ4_XS 0.93x at 1, 8 and 64 rows, IQ4_NL x 64 0.94x. */
+   registers the products spill to the stack and are added from there. Passing each partial sum through here keeps
+   the chain as written, in registers. The int32 chains of the signed types (block32_avx2.h's Q8_0 and IQ4_NL,
+   kquant_avx2.h's IQ4_XS) take it too. */
 #define KEEP_IN_REGISTER(v) __asm__("" : "+x"(v))
 
 /* 32 mask bits -> 32 bytes, 0xFF where the bit is set (byte i <- bit i): vpmovm2b without AVX-512. */

@@ -4,8 +4,8 @@ Q5_1, Q8_0, IQ4_NL). Both read weights repacked at load 16 rows at a time (`pack
 kernels/torch_ref/gguf_repack.py's, named by the type with "x16" after it, the same size as the file's).
 
 On CPUs with AVX512-VNNI both quantize x to 8 bits per block of the weight's type (256 or 32 values) and sum
-integer products, as llama.cpp does (2.1x faster than bfloat16 dot products on the same weights,
-kquant_matmul.c says how it was measured). Both do the same on AVX2 (block32_avx2.h, kquant_avx2.h: outputs
+integer products, as llama.cpp does (faster than bfloat16 dot products on the same weights: kquant_matmul.c
+says why). Both do the same on AVX2 (block32_avx2.h, kquant_avx2.h: outputs
 equal to the bit, but for Q4_K, Q5_K and Q6_K, whose sub-block scales are applied in int32 there, within
 rounding); elsewhere they multiply bfloat16 x as it is.
 
@@ -49,9 +49,8 @@ TYPES = {
     "Q3_Kx16": _Type("kquant_matmul", 11, 256, 110, 16),
     "IQ4_XSx16": _Type("kquant_matmul", 23, 256, 136, 16),
 }
-# No dense path for prompts: the kernels beat expanding the weight to bfloat16 and one dense matmul at every
-# size measured (kquant_matmul.c and block32_matmul.c give the figures), and every row stays independent of
-# the others.
+# No dense path for prompts: the kernels keep up with expanding the weight to bfloat16 and one dense matmul at
+# prompt sizes, without the expanded copy, and every row stays independent of the others.
 
 _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 

@@ -38,14 +38,14 @@ log = logging.getLogger(__name__)
 
 _SOURCES = Path(__file__).parent
 # -fno-trapping-math: no kernel reads the floating-point exception flags, and with them kept GCC would not turn
-# exp_poly's clamps into selects on AVX2 (AVX-512's masks do without), so SiLU's exp ran one value at a time
-# there: [512, 8192] took 44 ms on one thread. It changes no result (no reassociation, no finite-math).
+# exp_poly's clamps into selects on AVX2 (AVX-512's masks do without), and SiLU's exp would run one value at a
+# time there. It changes no result (no reassociation, no finite-math).
 FLAGS = ("-O3", "-fPIC", "-std=c11", "-fno-trapping-math")
 _THREADS = ("-fopenmp", "-fopenmp-simd")  # tried in this order
 _BUILD_TIMEOUT_S = 120
 # Kernels compiled as several translation units side by side (part i with -DTANDEM_PART=i), then linked: as one,
-# paged_decode's 32 unrolled AVX2 instances kept one core busy for 35 s on a 2-core AVX2 CPU while the other
-# finished the rest in 7 (its float32 and bfloat16 instances are the two parts).
+# paged_decode's 32 unrolled AVX2 instances keep one core compiling long after the other kernels are done (its
+# float32 and bfloat16 instances are the two parts).
 PARTS = {"paged_decode": 2}
 
 
@@ -78,8 +78,8 @@ KERNELS = ("paged_decode", "paged_prefill", "int4_matmul", "elementwise", "kquan
 
 def prepare() -> None:
     """Build (or find) every CPU kernel now, side by side, so the first decode step does not wait for the
-    compiler: the first time, about 4 s on a 2-core AVX-512 machine, 17 s on a 2-core AVX2 one (32 s before
-    paged_decode's unrolled AVX2 instances were built in two parts, see PARTS), then nothing."""
+    compiler: seconds the first time on each machine (paged_decode's unrolled AVX2 instances build in parts side
+    by side, see PARTS), then nothing."""
     with ThreadPoolExecutor(max_workers=len(KERNELS)) as pool:
         list(pool.map(load, KERNELS))
 

@@ -89,8 +89,8 @@ void silu_and_mul_bf16(const uint16_t *x, int64_t x_stride, uint16_t *out, int64
 
 /* cache[slot / page_size, slot % page_size, h, :] = src[i, h, :] for every new token i (slot = slots[i], the
    batch's slot mapping) and head h (byte strides; each head's row contiguous in both): a decode step's keys or
-   values into their slots, where torch's index_put_ cost about 17 us a call, two a layer (the starter's 30
-   layers: 1 ms of a 12 ms step). Returns -1, writing nothing, if a slot lies outside the cache. */
+   values into their slots, where two index_put_ calls a layer would be a visible share of a small model's
+   step. Returns -1, writing nothing, if a slot lies outside the cache. */
 int write_slots(const uint8_t *src, int64_t src_row_stride, int64_t src_head_stride, uint8_t *cache,
                 int64_t page_stride, int64_t slot_stride, int64_t head_stride, const int64_t *slots,
                 int64_t num_pages, int64_t page_size, int64_t rows, int64_t heads, int64_t head_bytes) {

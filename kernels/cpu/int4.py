@@ -3,8 +3,7 @@
 It takes the `linear_int4` op for 1 to DENSE_FROM_ROWS - 1 rows (decode steps, speculative steps) on a CPU
 whose packed layout is the 64-row block one and which has AVX512-BF16; prompt-sized inputs stay with the
 dense path, and anything else (float32 or float16 x, other layouts, CUDA) returns None. Even one row is
-faster here than through torch's kernel (the starter's [960, 576] projection: about 19 against 35 us), and
-each row's result does not depend on how many rows came with it, so a speculative step's verify pass
+faster here than through torch's kernel, and each row's result does not depend on how many rows came with it, so a speculative step's verify pass
 computes each token's projections exactly as decoding it alone would.
 """
 

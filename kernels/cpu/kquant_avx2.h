@@ -26,7 +26,7 @@ static void quantize_rows(int type, const uint16_t *x, int64_t x_stride, int64_t
                           int64_t num_threads) {
     const int64_t blocks = k / QK;
     const int sub = sub_block(type);
-    /* by rows over the threads: a prompt's [512, 8192] took 13 ms on one thread while the other waited */
+    /* by rows over the threads: on one thread a prompt's quantization would leave the others waiting */
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && rows > 1 && rows * k >= 65536)
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t b = 0; b < blocks; b++) {
@@ -54,10 +54,8 @@ static inline __m256 lane_byte(__m256i v, int i) {
 /* The sums for Q4_K, Q5_K and Q6_K, unlike the VNNI path: each sub-block's int16 pairs meet its 6- or 8-bit
    scale in vpmaddwd (the scale in both int16 halves of the row's lane), so a super-block's scaled sums and its
    mins (or Q6_K's offsets) are exact int32, and each takes one float multiply-add per super-block where the
-   VNNI path takes one per sub-block (as llama.cpp's AVX2 dot products do). Against the float steps per
-   sub-block, one thread, the two builds alternated in one process (15 rounds, best of each): Q6_K
-   [2048, 8192] x 64 rows 34.1 -> 25.1 ms, [1024, 2048] x 8 rows 800 -> 537 us; Q4_K x 64 rows 29.9 -> 27.7 ms,
-   [8192, 2048] x 1 row 857 -> 710 us; one row of Q6_K unchanged (1.14 ms). The bounds: Q4_K/Q5_K |sum| <=
+   VNNI path takes one per sub-block (as llama.cpp's AVX2 dot products do): AVX2 has no int8 dot product, so
+   float steps per sub-block would cost more than the integer ones they save. The bounds: Q4_K/Q5_K |sum| <=
    8 sub-blocks * 32 * 31 * 128 * 63 = 64M, Q6_K <= 16 * 16 * 63 * 128 * 128 + 32 * 16 * 128 * 2048 < 2^31. */
 
 /* vpshufb controls (added to byte i): byte i of each 32-bit lane into both int16 halves (X2), or bytes i and

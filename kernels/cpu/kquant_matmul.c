@@ -23,12 +23,10 @@
    The 8-bit path (AVX512-VNNI, as llama.cpp does for these types): each row of x is quantized to int8 per 256
    values (dx = max|x| / 127, xq = round(x / dx), to nearest even); each vpdpbusd sums a quad of q times
    the quad of xq (broadcast) for 16 weight rows; a sub-block's int32 sums become float once, times
-   d * scale * dx. Mins and offsets come in from each sub-block's sum of xq. A first version
-   multiplied exact bfloat16 x with q made bfloat16 (AVX512-BF16 dot products): 2.1x slower on a [8192, 2048]
-   Q4_K weight, since unpacking nibbles to 16-bit words cost more than the products. Then the 8-bit path read
-   the file's own layout row by row, with a horizontal sum per output; the x16 layout took one row of a
-   [8192, 2048] Q4_K weight (cache-warm) from 0.21 to 0.12 ms, 512 rows from 35 to 22.5 ms (dense bfloat16:
-   18.5), and one row of a [49152, 2048] one (past the L3) from 1.5 to 0.64 ms (AMD EPYC, 2 threads). kernels/torch_ref/gguf_blocks.py's linear_q8 is its twin.
+   d * scale * dx. Mins and offsets come in from each sub-block's sum of xq. Not bfloat16 x times q made
+   bfloat16 (AVX512-BF16 dot products): unpacking nibbles to 16-bit words costs more than the products. The
+   x16 layout (16 rows a tile) spares the horizontal sum per output that the file's own row-by-row layout
+   needs. kernels/torch_ref/gguf_blocks.py's linear_q8 is its twin.
    CPUs with AVX2 but not AVX-512 (most laptops) take the same path in kquant_avx2.h, with the same integer
    sums; Q2_K, Q3_K and IQ4_XS also with the same float steps (outputs the same to the bit), while Q4_K, Q5_K
    and Q6_K scale sub-blocks in int32 there (outputs within rounding). Elsewhere a plain C loop multiplies the

@@ -83,8 +83,7 @@ static inline float add_lanes8(__m256 v) {
 
 /* softmax_block on a block's raw scores (lanes from `count` on are ignored): the weights, zero past
    `count`, go to `weights`; returns the factor the earlier accumulation must shrink by. Not inlined, as
-   store_avx2: GCC left both out of line in the whole file, while in a part of it (see the instances below)
-   it inlined them, and the bfloat16 instances came out 2-8% slower (one thread, alternated, five shapes). */
+   store_avx2: inlined into the instances below, they make the bfloat16 instances slower. */
 static __attribute__((noinline)) float softmax_avx2(const __m256 *scores, int64_t count, float *running_max,
                                                     float *running_sum, float *weights) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

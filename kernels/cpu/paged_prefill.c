@@ -3,8 +3,8 @@
    row is computed the same whatever rows share the call, and one kernel for all keeps a token's bits the
    same cold and after a prefix-cache hit.
 
-   torch's CPU flash attention reads bfloat16 but does its arithmetic in float32; on a 1,679-token prompt
-   it took about half of the first-token time. Here the products run on AVX512-BF16 dot products:
+   torch's CPU flash attention reads bfloat16 but does its arithmetic in float32, which makes attention a large
+   share of a long prompt's first-token time. Here the products run on AVX512-BF16 dot products:
 
      scores: for a block of 64 keys, K is repacked so that each 32-bit lane holds one key's pair of
              dimensions (2i, 2i + 1); one dot-product instruction then adds q[2i] k[2i] + q[2i+1] k[2i+1]

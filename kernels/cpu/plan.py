@@ -1,10 +1,9 @@
 """A decode step kept as a list of C kernel calls over fixed buffers, replayed with one Python loop.
 
 A small model's decode step is mostly overhead, not arithmetic: through the modules and the op dispatch, each
-of a 30-layer model's ~300 kernel calls costs 10-15 us of Python before its C code runs (the starter's 121
-projections alone: 3.4 ms a step through `Linear`, 1.8 ms as bare calls). A plan binds each call's arguments
-once (`bind_*` in blocks.py, elementwise.py and attention.py: the same argument lists their ops use, so a
-plan computes exactly what the ops compute) to buffers that live as long as the plan; a step then refills
+of a 30-layer model's ~300 kernel calls spends more time in Python than in its C code. A plan binds each
+call's arguments once (`bind_*` in blocks.py, elementwise.py and attention.py: the same argument lists their
+ops use, so a plan computes exactly what the ops compute) to buffers that live as long as the plan; a step then refills
 the few inputs that change (token embeddings, rotary rows, page tables, lengths, slots) and runs the calls.
 
 The thread count is one shared ctypes integer in every call's arguments, read from torch before each run,
@@ -40,8 +39,8 @@ class Plan:
         if call is None:
             return False
         fn, args = call
-        # Made ctypes values once here: converted from Python ints at every call, a call's arguments cost
-        # about 1 us of its 2.3 (a 14-argument write_slots). The shared thread count is one already.
+        # Made ctypes values once here: converting Python ints at every call would be a large share of a short
+        # call's time. The shared thread count is one already.
         argtypes = getattr(fn, "argtypes", None) or ()
         if len(argtypes) == len(args):
             args = tuple(a if isinstance(a, ctypes._SimpleCData) else t(a) for t, a in zip(argtypes, args))

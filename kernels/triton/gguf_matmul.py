@@ -13,8 +13,8 @@ Each program computes a [BLOCK_M, BLOCK_N] tile of the output over a slice of K,
 
 Few rows leave too few tiles to fill the GPU, so K is split into slices of whole steps and the slices' float32
 partial sums added afterwards, in a fixed order. Where K is not split, the kernel adds the bias and rounds to x's
-dtype itself, in one launch: on an H200 an eager decode-step call took 100-190 us against ~30 us of GPU time,
-so every launch saved counts.
+dtype itself, in one launch: an eager decode-step call spends several times its GPU time on the host, so every
+launch saved counts.
 """
 
 from __future__ import annotations
@@ -57,10 +57,8 @@ def tiles_for(num_rows: int) -> Tiles:
     GEMV: 16 weight rows by 256 columns per step (2.3 KB of Q4_K, 4.4 KB of Q8_0 over 128 threads), and K split
     until about 8 programs run per SM: a decode step is one pass over the weight, so the bytes in flight
     (programs x step) must cover the memory latency. dot: 16 rows is tl.dot's least; prompts take the wide
-    tiles that reuse each dequantized weight over 64 or 128 rows of x. Measured on an H200 (.devdata/sweep2.py,
-    [8192, 2048] and [2048, 8192]): at 1 row this GEMV setting was best or within 12% of three others for
-    Q4_K, Q6_K, Q4_0 and Q8_0; at 512 rows, 128 x 64 with 4 warps was best or level with 8 warps, and 128 x 128
-    with 8 warps ran out of shared memory for Q4_K.
+    tiles that reuse each dequantized weight over 64 or 128 rows of x; 128 x 64 with 4 warps, since 128 x 128
+    with 8 warps runs out of shared memory for Q4_K.
     """
     if num_rows <= GEMV_ROWS:
         block_m = triton.next_power_of_2(num_rows)

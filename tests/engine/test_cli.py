@@ -176,3 +176,20 @@ def test_chat_attaches_images_and_survives_a_bad_one(tiny_llava_folder, tmp_path
     assert out.returncode == 0, out.stderr
     assert "missing.png" in out.stderr and "image attached: 16 tokens" in out.stderr
     assert out.stdout.count("model> ") == 2
+
+
+def test_the_built_in_names_work_for_every_command(tmp_path):
+    # "demo" is the bundled vision model, as for `tandem --model demo`; generate writes what the generator gives.
+    from engine.loading.builtin import demo_vision_path
+    from engine.models import Model
+
+    out = engine_cli("generate", "demo", "--prompt", "Name a colour.", "--greedy", "--max-new-tokens", "6")
+    assert out.returncode == 0, out.stderr
+    model = Model.load(demo_vision_path())
+    ids = model.tokenizer.encode("Name a colour.", add_bos=model.tokenizer.add_bos_token)
+    assert out.stdout == run_job(model, ids, 6) + "\n"
+    info = engine_cli("info", "demo")
+    assert info.returncode == 0, info.stderr
+    assert str(demo_vision_path()) in info.stdout and "images:       yes" in info.stdout
+    wrong = engine_cli("serve", "dmeo", "--port", "0")
+    assert wrong.returncode == 2 and "'starter' or 'demo'" in wrong.stderr and "Traceback" not in wrong.stderr

@@ -14,8 +14,8 @@ import itertools
 
 import pytest
 
-from engine.tokenizer.detokenizer import StreamingDetokenizer
 from engine.reasoning import ReasoningFormat, reasoning_format, reasoning_format_of, split_reasoning
+from engine.tokenizer.detokenizer import StreamingDetokenizer
 
 THINK = ReasoningFormat("<think>", "</think>")
 
@@ -115,7 +115,7 @@ def test_templates_declare_the_tags_and_where_generation_starts(reasoning_models
 )
 def test_jobs_stream_reasoning_apart_from_the_answer(tmp_path, reasoning_models, template, options, pattern, thinks):
     from engine import Cache, DynamicGenerator, DynamicJob, SamplerSettings
-    from engine.chat_prompt import encode_chat
+    from engine.chat.prompt import encode_chat
     from engine.chat_template import ChatTemplate
     from engine.generator.filters import RegexFilter
 

@@ -1,4 +1,4 @@
-"""The page table's follower index (prev hash -> pages) keeps no empty entries as jobs come and go (issue [K])."""
+"""The page table's follower index (prev hash -> pages) keeps no empty entries as jobs come and go."""
 
 from __future__ import annotations
 

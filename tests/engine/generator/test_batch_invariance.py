@@ -2,7 +2,7 @@
 bfloat16, its weights in the block kernels (each output row computed as if alone), attention by a kernel chosen
 per sequence (a decode token's kernel never changes because another job is prefilling).
 
-Tried: 1, 5, 6 (where the tied head used to switch to a float matrix), 16 and 32 concurrent jobs with prompts
+Tried: 1, 5, 6 (a row count where a tied head could switch to a float matrix), 16 and 32 concurrent jobs with prompts
 of 7 to about 200 tokens, pages of 16 and 256 tokens, greedy and seeded sampling, jobs that join while others
 are decoding, and n-gram speculation.
 """

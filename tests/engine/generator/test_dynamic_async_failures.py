@@ -1,4 +1,4 @@
-"""The engine thread cannot die or leak silently (issue [K]): BaseExceptions, admission failures, abandoned
+"""The engine thread cannot die or leak silently: BaseExceptions, admission failures, abandoned
 consumers, close() mid-stream, and a property test mixing them all."""
 
 from __future__ import annotations

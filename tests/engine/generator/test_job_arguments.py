@@ -1,4 +1,4 @@
-"""Hostile job arguments (issue [K]): each is refused with a ValueError naming the argument, or fails its job alone."""
+"""Hostile job arguments: each is refused with a ValueError naming the argument, or fails its job alone."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_counts_and_seed_are_checked_when_the_job_is_made():
         DynamicJob(PROMPT, 4, min_new_tokens=True)
     with pytest.raises(ValueError, match="max_skips"):
         DynamicJob(PROMPT, 4, max_skips=1.5)
-    with pytest.raises(ValueError, match="seed"):  # used to fail only at admission, inside iterate()
+    with pytest.raises(ValueError, match="seed"):  # refused at enqueue, not at admission inside iterate()
         DynamicJob(PROMPT, 4, seed=-1)
     with pytest.raises(ValueError, match="gen_settings must be a SamplerSettings"):
         DynamicJob(PROMPT, 4, gen_settings={"temperature": 0})

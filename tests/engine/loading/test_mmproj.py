@@ -4,7 +4,7 @@ the GGUF pair and as the folder: the same image rows (float32, within 1e-5) and 
 image prompt. Also: the mmproj found beside the text file, and projectors Tandem cannot pair leave a text
 model with the reason.
 
-Families the converter cannot take are skipped by name with the reason (see README, "Vision from GGUF"): LLaVA
+Families the converter cannot take are skipped by name with the reason (see docs/models.md, "Vision from GGUF"): LLaVA
 (its --mmproj reads only Pixtral towers, CLIP and SigLIP are rejected; LLaVA with a CLIP tower is checked with
 llama.cpp's legacy scripts in test_mmproj_llava.py).
 """

@@ -3,7 +3,7 @@ type 'mlp', as most llava-1.5 / BakLLaVA mmproj files in the wild), the text GGU
 from the llama-cpp-python 0.3.36 sdist. Tandem loading the pair must give the folder's image rows (float32, within
 1e-5) and greedy tokens.
 
-How the legacy path runs here (README, "Vision from GGUF"): llava_surgery_v2.py splits the folder into
+How the legacy path runs here (docs/models.md, "Vision from GGUF"): llava_surgery_v2.py splits the folder into
 llava.clip / llava.projector, convert_image_encoder_to_gguf.py --clip-model-is-vision writes the mmproj, as
 llama.cpp's docs/multimodal/llava.md does for llava-1.6. That script needs the transformers llama.cpp pins
 (4.57.6): with transformers 5, CLIPVisionModel has no `.vision_model` and the script stops. So the test fetches

@@ -15,7 +15,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from engine.chat_prompt import encode_chat
+from engine.chat.prompt import encode_chat
 from engine.reasoning import split_reasoning
 from engine.server.served import ServedModel
 

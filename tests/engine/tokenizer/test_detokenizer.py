@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.tokenizer.detokenizer import StreamingDetokenizer
-from engine.tokenizer.tokenizer import Tokenizer
 from engine.tokenizer.spm import MODEL_BPE, PIECE_BYTE, PIECE_CONTROL, PIECE_NORMAL, SpmModel, build_spm_tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 
 SPM_WORDS = ["▁", "▁h", "▁he", "▁hel", "▁hell", "▁hello", "▁w", "▁wo", "▁wor", "▁worl", "▁world"]
 SPM_CHARS = list("helowrdé日本")

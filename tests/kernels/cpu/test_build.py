@@ -64,8 +64,8 @@ def test_a_missing_compiler_falls_back_quietly(fresh, monkeypatch, caplog):
 
 @pytest.mark.skipif(shutil.which("cc") is None or platform.machine() != "x86_64", reason="needs cc on x86-64")
 def test_another_target_architecture_gets_its_own_build(fresh, monkeypatch):
-    # TANDEM_CPU_KERNEL_ARCH=x86-64-v3 builds the portable paths on an AVX-512 machine (how the README's
-    # "what runs elsewhere" was checked); a library built for one target is never loaded for another.
+    # TANDEM_CPU_KERNEL_ARCH=x86-64-v3 builds the portable paths on an AVX-512 machine (how the other CPU paths
+    # are checked, docs/development.md); a library built for one target is never loaded for another.
     assert build.load("elementwise") is not None
     build.load.cache_clear()
     monkeypatch.setenv("TANDEM_CPU_KERNEL_ARCH", "x86-64")

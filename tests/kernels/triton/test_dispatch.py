@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from kernels import dispatch, ops
-from kernels.triton import candidates as triton_kernels
 from kernels.torch_ref import activation, attention, norm, rope
+from kernels.triton import candidates as triton_kernels
 
 ROOT = Path(__file__).resolve().parents[3]
 OPS = {

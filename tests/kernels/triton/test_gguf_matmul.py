@@ -25,8 +25,8 @@ pytest.importorskip("triton", reason="triton is not installed: the Triton kernel
 
 import gguf  # noqa: E402
 
-from kernels.triton import candidates as triton_kernels  # noqa: E402
 from kernels.torch_ref import gguf_blocks  # noqa: E402
+from kernels.triton import candidates as triton_kernels  # noqa: E402
 from kernels.triton import gguf_matmul  # noqa: E402
 
 TYPES = list(gguf_blocks.BLOCKS)

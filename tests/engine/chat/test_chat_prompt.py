@@ -1,8 +1,8 @@
-"""engine.chat_prompt.encode_chat: the template's text as special tokens, BOS only where wanted and missing."""
+"""engine.chat.prompt.encode_chat: the template's text as special tokens, BOS only where wanted and missing."""
 
 from __future__ import annotations
 
-from engine.chat_prompt import encode_chat
+from engine.chat.prompt import encode_chat
 from engine.chat_template import ChatTemplate
 from engine.tokenizer.tokenizer import Tokenizer
 

@@ -1,7 +1,7 @@
 """Chat messages (and their images) -> the prompt ids a chat model answers: the one home of that step.
 
-The command line and the server build every chat prompt here, so the same conversation gives the same ids
-wherever it comes from.
+The front door (engine.chat.door), the command line and the bench build every chat prompt here, so the same
+conversation gives the same ids wherever it comes from.
 """
 
 from __future__ import annotations

@@ -1,0 +1,200 @@
+"""The cache's manager: the one object the scheduler asks for cache memory. Ids and counts only, no tensors.
+
+    scheduler asks                    the manager does (PageTable underneath)
+    lookup(prompt_ids)          ->    cached full pages of the prompt, and whether its next one is being computed
+    allocate(seqs, n, hits)     ->    hold the hits, plan a copy of a partly matching page, fresh pages for the
+                                      rest: all the sequences or none
+    commit(seq, num_tokens)     ->    record the rows the forward wrote; name pages that became full
+    rewind(seq, num_tokens)     ->    drop rows past num_tokens (they are recomputed)
+    free(seq)                   ->    name late pages, release every page (their KV stays cached)
+
+A sequence's memory is one page list for its attention layers. Other kinds of layer memory (quantized pages,
+sliding-window pages, recurrent-state slots) belong behind these same calls, so the scheduler keeps seeing
+sequences and token counts only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine.cache.page_table import ROOT_HASH, Page, PageTable, chain_hash
+
+
+class ManagedSeq(Protocol):
+    """What the manager reads of a scheduler's sequence (ids, lengths) and writes (pages, num_computed)."""
+
+    serial: int  # owner of the pages it computes; a CFG pair's two sequences share one
+    tokens: list[int]  # prompt + generated
+    prompt_len: int
+    may_rewind: bool  # generated rows may be undone (banned strings): name their pages only at free()
+    pages: list[Page]
+    num_computed: int  # tokens whose K/V rows are valid in the cache
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """What the cache holds of a prompt: full pages covering its start (the last token is never among them)."""
+
+    pages: tuple[Page, ...]
+    prev_hash: int  # chain hash after those pages
+    num_tokens: int
+    pending: bool  # another sequence is computing the prompt's next full page right now
+
+
+@dataclass(frozen=True)
+class PageCopy:
+    """Copy the first `num_tokens` K/V rows of page `src` into page `dst` before the next forward."""
+
+    src: int
+    dst: int
+    num_tokens: int
+
+
+class CacheManager:
+    """Owns the page table: prefix lookup, allocation, committed rows, rewinds and release of sequences' pages."""
+
+    def __init__(self, num_pages: int, page_size: int):
+        self.table = PageTable(num_pages, page_size)
+        self.page_size = page_size
+        self._planned: dict[int, int] = {}  # chain hash of a prompt page being prefilled -> serial
+        self._copy_sources: list[Page] = []
+
+    # --- counts ------------------------------------------------------------------------------------------
+
+    @property
+    def num_pages(self) -> int:
+        return self.table.num_pages
+
+    @property
+    def num_free(self) -> int:
+        """Pages no sequence references (they may still hold a cached prefix)."""
+        return self.table.num_free
+
+    def pages_for(self, num_tokens: int) -> int:
+        return self.table.pages_for(num_tokens)
+
+    # --- admission ---------------------------------------------------------------------------------------
+
+    def lookup(self, prompt_ids: Sequence[int]) -> PrefixHit:
+        """The cached full pages a prompt can start from; takes no reference, so allocate() must follow at once."""
+        ps = self.page_size
+        # The last prompt token is always recomputed: it produces the first logits.
+        reusable = len(prompt_ids) - 1
+        matched = self.table.match_full_pages(prompt_ids, reusable)
+        prev = matched[-1].hash if matched else ROOT_HASH
+        done = len(matched) * ps
+        pending = done + ps <= reusable and chain_hash(prev, prompt_ids[done : done + ps]) in self._planned
+        return PrefixHit(tuple(matched), prev, done, pending)
+
+    def allocate(
+        self, seqs: Sequence[ManagedSeq], num_tokens: Sequence[int], hits: Sequence[PrefixHit]
+    ) -> list[PageCopy] | None:
+        """Pages for `num_tokens[i]` tokens of each waiting sequence, starting from `hits[i]` (its lookup()).
+
+        All the sequences get their pages or none does (None: they do not fit now, and nothing changed). Sets each
+        sequence's `pages` and `num_computed`; the returned copies must run before the next forward, and
+        copies_done() be called after them.
+        """
+        needed = [self.pages_for(n) - len(hit.pages) for n, hit in zip(num_tokens, hits)]
+        held = {p.page_id: p for hit in hits for p in hit.pages}
+        if sum(needed) > self.num_free - sum(1 for p in held.values() if p.ref_count == 0):
+            return None
+        # Hold every hit while allocating, so one sequence's fresh pages cannot evict another's prefix.
+        for page in held.values():
+            self.table.acquire(page)
+        copies: list[PageCopy] = []
+        for i, (seq, hit) in enumerate(zip(seqs, hits)):
+            copies += self._allocate_one(seq, hit, needed[i], reserve=sum(needed[i + 1 :]))
+        for page in held.values():
+            self.table.release(page)
+        return copies
+
+    def _allocate_one(self, seq: ManagedSeq, hit: PrefixHit, num_new: int, reserve: int) -> list[PageCopy]:
+        """Take the hit's pages, a partial-page copy when one is worth it, and `num_new` fresh pages."""
+        ps = self.page_size
+        reusable = seq.prompt_len - 1
+        done, prev = hit.num_tokens, hit.prev_hash
+        for page in hit.pages:
+            self.table.acquire(page)
+        source, num_copy = self.table.best_partial(prev, seq.tokens[done:], min(ps, reusable - done))
+        if source is not None and num_copy > 0:
+            if source.ref_count == 0 and self.num_free - 1 < num_new + reserve:
+                source, num_copy = None, 0  # holding the source would starve the allocation
+            else:
+                self.table.acquire(source)  # keep it from being reused before the copy happens
+                self._copy_sources.append(source)
+        new_pages: list[Page] = []
+        for i in range(num_new):
+            before = new_pages[-1] if new_pages else (hit.pages[-1] if hit.pages else None)
+            after = before.page_id if before is not None else None
+            new_pages.append(self.table.allocate(prev if i == 0 else ROOT_HASH, seq.serial, after=after))
+        seq.pages = list(hit.pages) + new_pages
+        copies = []
+        if num_copy > 0:
+            new_pages[0].token_ids = list(seq.tokens[done : done + num_copy])
+            copies.append(PageCopy(source.page_id, new_pages[0].page_id, num_copy))
+        seq.num_computed = done + num_copy
+        # Announce the prompt pages this sequence will compute, so a twin prompt waits instead of duplicating.
+        h = prev
+        for start in range(done, reusable - ps + 1, ps):
+            h = chain_hash(h, seq.tokens[start : start + ps])
+            self._planned.setdefault(h, seq.serial)
+        return copies
+
+    def copies_done(self) -> None:
+        """The page copies returned by allocate() ran: drop the sources' temporary holds."""
+        for page in self._copy_sources:
+            self.table.release(page)
+        self._copy_sources.clear()
+
+    # --- running -----------------------------------------------------------------------------------------
+
+    def commit(self, seq: ManagedSeq, num_tokens: int) -> None:
+        """The forward wrote K/V rows up to token `num_tokens` (from `seq.num_computed`): record them and name
+        pages that became full, so later prompts can share them."""
+        ps = self.page_size
+        for pos in range(seq.num_computed, num_tokens):
+            page = seq.pages[pos // ps]
+            page.token_ids.append(seq.tokens[pos])
+            if len(page.token_ids) == ps and self._may_name(seq, pos):
+                self._name_page(seq, pos // ps)
+        seq.num_computed = num_tokens
+
+    def rewind(self, seq: ManagedSeq, num_tokens: int) -> None:
+        """Keep only the K/V rows of the first `num_tokens` tokens; the rest are computed again."""
+        ps = self.page_size
+        for idx in range(num_tokens // ps, len(seq.pages)):
+            page = seq.pages[idx]
+            valid = max(0, num_tokens - idx * ps)
+            if page.num_valid > valid:
+                self.table.truncate(page, valid)
+        seq.num_computed = min(seq.num_computed, num_tokens)
+
+    def free(self, seq: ManagedSeq) -> None:
+        """Release a sequence's pages (finished or cancelled); their KV stays cached until the pages are reused."""
+        ps = self.page_size
+        if seq.may_rewind:
+            for idx in range(min(seq.num_computed // ps, len(seq.pages))):
+                if seq.pages[idx].num_valid == ps:
+                    self._name_page(seq, idx)
+        for h in [h for h, s in self._planned.items() if s == seq.serial]:
+            del self._planned[h]
+        for page in seq.pages:
+            self.table.release(page)
+        seq.pages = []
+
+    def _may_name(self, seq: ManagedSeq, pos: int) -> bool:
+        # Rows that a banned-string rewind may recompute (from the last prompt token on) are named at free().
+        return not seq.may_rewind or pos < seq.prompt_len - 1
+
+    def _name_page(self, seq: ManagedSeq, idx: int) -> None:
+        page = seq.pages[idx]
+        if page.hash is not None:
+            return
+        h = self.table.register_full(page)
+        if self._planned.get(h) == seq.serial:
+            del self._planned[h]
+        if idx + 1 < len(seq.pages):
+            self.table.reparent(seq.pages[idx + 1], h)
