@@ -25,10 +25,10 @@ class GuiThreadCollector(QObject):
         self._was_enabled = gc.isenabled()  # a second collector (tests run main() in one process) restores it
         gc.disable()
         # What lives now (the imported modules: torch's, Qt's, the app's, about 200k objects) lives as long as the
-        # process, and every full collection walked it: 227 ms on a 2-core AVX2 EPYC, a stalled window each time
-        # generation 2 came due while answers streamed. Frozen (after collecting what is already garbage), a full
-        # collection walks only what came later: 0 ms at once, 9 ms with 50k new dicts. stop() thaws them, so the
-        # interpreter's exit frees them (nanobind reports the instances it finds unfreed as leaks).
+        # process, and every full collection would walk it: a stalled window each time generation 2 came due
+        # while answers stream. Frozen (after collecting what is already garbage), a full collection walks only
+        # what came later. stop() thaws them, so the interpreter's exit frees them (nanobind reports the instances
+        # it finds unfreed as leaks).
         gc.collect()
         gc.freeze()
         self._timer = QTimer(self)

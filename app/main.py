@@ -1,12 +1,12 @@
 """`tandem`: opens the chat window with the model used last, or the starter (fetched first, with progress).
 
     tandem [--model PATH|starter|demo | --remote URL [--remote-model ID] [--api-key KEY]]
-           [--prompt TEXT [--image PATH ...] [--quit-after-answer]] [-v]
+           [--prompt TEXT [--image PATH ...] [--quit-after-answer [--show]]] [-v]
 
 The window runs on a qasync loop (asyncio on Qt's event loop); the model loads on a worker thread and
 answers are generated on the engine's own thread, so the window stays responsive throughout.
-`--quit-after-answer` prints the answer to `--prompt` on stdout and exits: packaging/check.sh drives the
-bundled app that way. `--remote` chats through an OpenAI-compatible server instead of loading a model.
+`--quit-after-answer` prints the answer to `--prompt` on stdout and exits, a command-line tool that needs no
+display (offscreen; `--show` shows the window meanwhile): packaging/check.sh drives the bundled app that way. `--remote` chats through an OpenAI-compatible server instead of loading a model.
 """
 
 from __future__ import annotations
@@ -20,12 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.qt_platform import window_problem
+from app.qt_platform import platform_arguments, quiet_qt_noise, window_problem
 
 log = logging.getLogger(__name__)
 
 APP_ID = "io.github.tandem.Tandem"  # the .desktop file's name and the AppStream id (packaging/linux)
-MODEL_NAMES = ("starter", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,7 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quit-after-answer",
         action="store_true",
-        help="print the answer to --prompt on stdout and quit (exit status 1 when it fails)",
+        help="print the answer to --prompt on stdout and quit (exit status 1 when it fails); no window or "
+        "display is needed",
+    )
+    parser.add_argument(
+        "--show", action="store_true", help="with --quit-after-answer: show the window while it answers"
     )
     parser.add_argument(
         "--remote",
@@ -77,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     from PySide6.QtWidgets import QApplication
 
-    problem = None if QApplication.instance() else window_problem()
+    qt_arguments = platform_arguments(headless=args.quit_after_answer and not args.show)
+    problem = None if QApplication.instance() or qt_arguments else window_problem()
     if problem:  # Qt's own report would be a misleading hint and an abort
         print(f"tandem: {problem}", file=sys.stderr)
         return 1
@@ -100,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     from app.ui.main_window import MainWindow
     from app.ui.tasks import spawn
 
-    app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "tandem"])
+    quiet_qt_noise()
+    app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "tandem", *qt_arguments])
     collector = GuiThreadCollector(app)  # Qt objects are freed on the GUI thread only (app/gui_gc.py)
     app.setApplicationName("Tandem")
     app.setDesktopFileName(APP_ID)  # Wayland matches the window to the .desktop file (and its icon) by this
@@ -157,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         loop.run_until_complete(service.close())
         # main returns to its caller, which is not always the process's exit (the tests call it in place): the
         # window goes with it, or it and its widgets live on in the QApplication, which restyles every live
-        # widget when the colour scheme changes (14 such windows made one theme switch take 7 s)
+        # widget when the colour scheme changes (every leftover window makes a theme switch slower)
         shiboken6.delete(window)
         store.close()
         if "error" in outcome:
@@ -172,9 +177,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.model == "demo" and not _demo_available():
+    from engine.loading.builtin import BUILTIN_MODELS, DEMO, demo_vision_available
+
+    if args.model == DEMO and not demo_vision_available():
         parser.error("--model demo: this installation has no demo vision model (assets/demo-vision is missing)")
-    if args.model not in (None, *MODEL_NAMES) and not Path(args.model).expanduser().exists():
+    if args.model not in (None, *BUILTIN_MODELS) and not Path(args.model).expanduser().exists():
         parser.error(f"--model {args.model}: no such file or folder (give a model folder or a .gguf file)")
     if args.remote and args.model:
         parser.error("--remote and --model are two different models: give one of them")
@@ -182,15 +189,11 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error("--remote-model and --api-key go with --remote URL (the server to use)")
     if (args.image or args.quit_after_answer) and not args.prompt:
         parser.error("--image and --quit-after-answer need --prompt TEXT (the message to send)")
+    if args.show and not args.quit_after_answer:
+        parser.error("--show goes with --quit-after-answer (without it the window shows anyway)")
     for image in args.image:
         if not Path(image).expanduser().is_file():
             parser.error(f"--image {image}: no such file")
-
-
-def _demo_available() -> bool:
-    from app.service.catalog import demo_vision_available
-
-    return demo_vision_available()
 
 
 def _remote_endpoint(args: argparse.Namespace) -> Any:

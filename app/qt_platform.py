@@ -8,6 +8,9 @@ installs them.
 
 Only the case we can diagnose is checked: the xcb plugin on Linux, chosen by QT_QPA_PLATFORM=xcb or by
 default outside a Wayland session. Any other platform (offscreen, wayland, ...) is left to Qt.
+
+A run that shows nothing (`tandem --prompt ... --quit-after-answer`) needs no window system at all: it takes
+Qt's offscreen platform, so it works over ssh and in CI without a display.
 """
 
 from __future__ import annotations
@@ -50,6 +53,11 @@ DEBIAN_PACKAGES = {
     "libglib-2.0.so.0": "libglib2.0-0",
     "libgthread-2.0.so.0": "libglib2.0-0",
 }
+
+HEADLESS_PLATFORM = "offscreen"
+# What Qt's offscreen platform says about window calls it cannot honour: noise to a command-line user.
+QT_NOISE = ("propagateSizeHints",)
+_message_handler = None  # kept referenced: Qt holds only a pointer to the handler installed
 
 _NOT_FOUND = re.compile(r"^\s*(\S+)\s+=>\s+not found", re.MULTILINE)
 _LOADER_ERROR = re.compile(r"(\S+\.so[.\d]*): cannot open shared object file")
@@ -125,3 +133,33 @@ def window_problem(environ: Mapping[str, str] | None = None) -> str | None:
             "or under a virtual screen with `xvfb-run tandem`."
         )
     return None
+
+
+def platform_arguments(headless: bool, environ: Mapping[str, str] | None = None) -> list[str]:
+    """QApplication arguments choosing the platform: the offscreen one for a run that shows nothing, unless
+    QT_QPA_PLATFORM names a platform (the user's choice wins); none otherwise (Qt's own choice)."""
+    environ = os.environ if environ is None else environ
+    if headless and not environ.get("QT_QPA_PLATFORM"):
+        return ["-platform", HEADLESS_PLATFORM]
+    return []
+
+
+def quiet_qt_noise() -> None:
+    """Drop Qt's messages in QT_NOISE; every other message goes on to stderr as Qt writes it."""
+    global _message_handler
+    from PySide6.QtCore import qInstallMessageHandler
+
+    if _message_handler is not None:
+        return
+    previous = None
+
+    def handler(mode, context, message: str) -> None:
+        if any(noise in message for noise in QT_NOISE):
+            return
+        if previous is not None:
+            previous(mode, context, message)
+        else:
+            print(message, file=sys.stderr, flush=True)
+
+    _message_handler = handler
+    previous = qInstallMessageHandler(handler)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from engine.paths import assets_dir as engine_assets_dir
+
 ICON_SIZES = (16, 24, 32, 48, 64, 128, 256, 512)
 
 
@@ -20,12 +22,9 @@ def is_frozen() -> bool:
 
 
 def assets_dir() -> Path:
-    """The `assets/` folder: in the bundle's data folder when frozen, else beside the `app` package."""
-    if is_frozen():
-        # A frozen app without _MEIPASS would be another freezer; its data usually sits beside the executable.
-        base = getattr(sys, "_MEIPASS", None)
-        return (Path(base) if base else Path(sys.executable).resolve().parent) / "assets"
-    return Path(__file__).resolve().parent.parent / "assets"
+    """The `assets/` folder: in the bundle's data folder when frozen, else beside the `app` package (the
+    engine finds its bundled demo model there too, so the rule lives in engine.paths)."""
+    return engine_assets_dir()
 
 
 def asset_path(*parts: str) -> Path:

@@ -29,12 +29,14 @@ from PySide6.QtCore import QObject, Signal
 from app.service.api_keys import NO_KEYRING_NOTE, delete_api_key, load_api_key, save_api_key
 from app.service.workers import LOADER, in_worker
 from engine.server.app import ServerOptions, create_app
-from engine.server.command import LOOPBACK, bind, url_of
+from engine.server.command import DEFAULT_PORT, LOOPBACK, bind, url_of
 from engine.server.served import ServedModel
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PORT = 1234  # LM Studio's, which many clients are set up for already
+# Its requests' jobs wait behind the chats' (DynamicJob.priority 0): a chat's first token never queues behind API
+# traffic in the generator they share.
+REQUEST_PRIORITY = -1
 LOG_LINES = 50
 PORT_KEY = "server.port"
 RUNNING_KEY = "server.running"  # whether it was running when the app last closed: start it again then
@@ -299,6 +301,8 @@ class AppServer(QObject):
                 context=now.context_length,
                 vision=now.vision,
                 name=now.name,
+                chat=now.chat,  # the chats' front door: one image cache per model for chats and requests
+                priority=REQUEST_PRIORITY,
             )
 
     def _record(self, record: RequestRecord) -> None:

@@ -11,15 +11,14 @@ How a view gets its backend: it is handed one when built (`ChatTab(store, backen
 the local model to a server). A view reads its `backend` attribute afresh for every answer and count, so
 a switch takes effect with the next send; an answer already streaming finishes on the job it has.
 
-Results follow the engine's result dicts (see the seed documents): stage "streaming", "text", and on the
-last one "eos" True with "eos_reason", "full_completion", "new_tokens", "prompt_tokens", "cached_tokens",
-"time_enqueued", "time_prefill", "time_generate"; a backend that cannot know a number leaves it out or 0.
+A job streams AnswerChunks: the engine's result dicts (see the seed documents) reduced to what the views read,
+with the text already split into thinking and answer by the backend, once, as it streams.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypedDict, runtime_checkable
 
 from app.service.generation import GenerationSettings
 from app.service.images import ImageSource, KnownImage  # a stored file's path, bytes, or bytes with their digest
@@ -27,6 +26,7 @@ from engine.errors import ChatTemplateError, ImageError  # what start_answer rai
 from engine.vision.prompt import user_message  # a user message with n {"type": "image"} parts: start_answer's form
 
 __all__ = [
+    "AnswerChunk",
     "AnswerJob",
     "Backend",
     "ChatTemplateError",
@@ -48,12 +48,49 @@ class ModelSwapped(RuntimeError):
     for the new model (which may see images the old one did not, or not), then sent again."""
 
 
+class _ChunkText(TypedDict):
+    # the keys every AnswerChunk has
+    job: AnswerJob
+    stage: Literal["streaming"]
+    eos: bool
+    text: str
+    thinking: str
+    answer: str
+    num_tokens: int  # tokens this chunk adds to the answer
+
+
+class AnswerChunk(_ChunkText, total=False):
+    """One piece of an answer, what the chat tab and the compare view read from any backend.
+
+    `text` is as the model wrote it, reasoning tags included (the form an answer is stored in); `thinking` and
+    `answer` are that text split by the backend as it streams (tags left out), so a view shows them as given.
+    The last chunk ("eos" True) adds the answer's numbers; a backend that cannot know one leaves it out or 0.
+    """
+
+    identifier: object  # the one start_answer was given, when not None
+    # the last chunk
+    eos_reason: str  # the engine's: "stop_token", "stop_string", "max_new_tokens", "end_filter"
+    full_completion: str
+    new_tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+    time_enqueued: float
+    time_prefill: float
+    time_generate: float
+    accepted_draft_tokens: int  # when the engine speculates
+    rejected_draft_tokens: int
+
+
+# The numbers of a last chunk, taken as they are from the engine's (or a server's) eos result.
+EOS_KEYS = tuple(sorted(AnswerChunk.__optional_keys__ - {"identifier"}))
+
+
 @runtime_checkable
 class AnswerJob(Protocol):
-    """One answer on its way: `async for result in job` reads its result dicts; `await job.cancel()` stops it
-    (what arrived stays; the iteration then ends without an eos result)."""
+    """One answer on its way: `async for chunk in job` reads its AnswerChunks; `await job.cancel()` stops it
+    (what arrived stays; the iteration then ends without an eos chunk)."""
 
-    def __aiter__(self) -> AsyncIterator[dict[str, Any]]: ...
+    def __aiter__(self) -> AsyncIterator[AnswerChunk]: ...
 
     async def cancel(self) -> None: ...
 

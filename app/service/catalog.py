@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from app.resources import asset_path
+from engine.loading.builtin import demo_vision_available, demo_vision_path
 from engine.loading.starter import STARTER_NAME, starter_path
 from engine.model_info import ModelInfo, read_model_info
 from engine.models.registry import supported_architectures, vision_architectures
@@ -44,19 +44,6 @@ def model_display_name(path: str | Path) -> str:
     """A short name for a model: the .gguf file's stem or the folder's name."""
     path = Path(path)
     return path.stem if path.suffix.lower() == ".gguf" else path.name
-
-
-def demo_vision_path() -> Path:
-    """Where the demo vision model bundled with Tandem lives: `assets/demo-vision` (see app.resources).
-
-    The folder may be absent (a checkout where it was not trained yet); `demo_vision_available()` says.
-    """
-    return asset_path("demo-vision")
-
-
-def demo_vision_available() -> bool:
-    """Whether the bundled demo vision model is there to load (its config.json exists)."""
-    return (demo_vision_path() / "config.json").is_file()
 
 
 # ----------------------------------------------------------------------------------------------- describe

@@ -7,7 +7,7 @@
         swap: new generator in, old jobs cancelled, old generator closed ---->  (old thread ends)
     start_answer(...) / start_job(...) -> DynamicJobAsync  ----------------->  iterate() (forward passes)
     async for result in job  <---------------------- call_soon_threadsafe ---  results
-    (answers, prompts and images: app.service.local_backend, mixed in; loader work: app.service.loading)
+    (answers, prompts and images: its LocalBackend, app.service.local_backend; loader work: app.service.loading)
     set_speculation(s) -> task  -------------> draft + its cache (thread), then the same swap, same model
 
 A load is refused before any weight is read when the model, one chat at the chosen context and a working
@@ -22,15 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from PySide6.QtCore import QObject, Signal
 
+from app.service.backend import AnswerJob, ImageSource
 from app.service.catalog import model_display_name
+from app.service.generation import GenerationSettings
 from app.service.loaded import Loaded, Serving
 from app.service.loading import (
     FetchFailed,
@@ -46,10 +47,11 @@ from app.service.local_backend import LocalBackend
 from app.service.memory_plan import DEFAULT_CONTEXT_TOKENS, MAX_CACHE_TOKENS, PAGE_SIZE, free_memory_bytes
 from app.service.speculation import Speculation, generator_arguments
 from app.service.workers import LOADER, in_worker
-from engine import DynamicGeneratorAsync, DynamicJobAsync, Model, Tokenizer
+from engine import DynamicGeneratorAsync, DynamicJobAsync, MMEmbedding, Model, SamplerSettings, Tokenizer
 from engine.loading.starter import fetch_starter, starter_path
 from engine.memory_fit import MemoryNeed, NotEnoughMemoryError
 from engine.model_info import ModelInfo
+from engine.reasoning import ReasoningFormat
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +63,9 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-class EngineService(QObject, LocalBackend):
-    """Owns the loaded model, its Cache and one DynamicGeneratorAsync; the local Backend (LocalBackend).
+class EngineService(QObject):
+    """Owns the loaded model, its Cache and one DynamicGeneratorAsync; the local Backend, by handing each model
+    it installs to its LocalBackend (`local_backend`) and answering through it.
 
     Needs an asyncio event loop on the GUI thread (qasync). `load_model` returns at once; the load runs
     on a loader thread and reports through the signals. Loads run one after another; a request that is
@@ -98,9 +101,7 @@ class EngineService(QObject, LocalBackend):
         self._device = torch.device(device) if device is not None else default_device()
         free_memory = free_memory or (lambda: free_memory_bytes(self._device))
         self._loader = Loader(self._device, dtype, page_size, max_cache_tokens, free_memory)
-        self._loaded: Loaded | None = None
-        self._generator: DynamicGeneratorAsync | None = None
-        self._jobs: weakref.WeakSet[DynamicJobAsync] = weakref.WeakSet()  # jobs of the current generator
+        self.local_backend = LocalBackend()  # the model and generator serving now, and the jobs started on them
         self._load_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones
         self._latest_task: asyncio.Task | None = None
@@ -114,33 +115,33 @@ class EngineService(QObject, LocalBackend):
 
     @property
     def model(self) -> Model | None:
-        return self._loaded.model if self._loaded else None
+        loaded = self.local_backend.loaded
+        return loaded.model if loaded else None
 
     @property
     def tokenizer(self) -> Tokenizer | None:
-        return self._loaded.tokenizer if self._loaded else None
+        loaded = self.local_backend.loaded
+        return loaded.tokenizer if loaded else None
 
     @property
     def model_name(self) -> str | None:
-        return self._loaded.name if self._loaded else None
+        return self.local_backend.name
 
     @property
     def model_path(self) -> Path | None:
         """The folder or .gguf file the current model came from (for remembering it in the store)."""
-        return self._loaded.path if self._loaded else None
+        loaded = self.local_backend.loaded
+        return loaded.path if loaded else None
 
     @property
     def context_request(self) -> int | None:
         """The context the current model was loaded for (None: the default, or no model)."""
-        return self._loaded.context_request if self._loaded else None
-
-    @property
-    def is_loaded(self) -> bool:
-        return self._loaded is not None
+        loaded = self.local_backend.loaded
+        return loaded.context_request if loaded else None
 
     def serving(self) -> Serving | None:
         """What the local server shares now; None with no model. A model swap makes a new one."""
-        loaded, generator = self._loaded, self._generator
+        loaded, generator = self.local_backend.loaded, self.local_backend.generator
         if loaded is None or generator is None:
             return None
         return Serving(
@@ -152,6 +153,7 @@ class EngineService(QObject, LocalBackend):
             generator,
             loaded.context_length,
             loaded.vision,
+            loaded.chat,
         )
 
     @property
@@ -161,12 +163,98 @@ class EngineService(QObject, LocalBackend):
 
     def speculation_status(self) -> str:
         """What the serving generator does (with no model, the setting), e.g. "n-gram speculation"."""
-        serving = self._installed_speculation if self._loaded is not None else None
+        serving = self._installed_speculation if self.is_loaded else None
         return (serving or self._speculation).describe(self.model)
 
     @property
     def is_loading(self) -> bool:
         return any(not t.done() for t in self._tasks)
+
+    # --- the Backend protocol, and the engine-level calls under it: its LocalBackend's ---------------------
+
+    @property
+    def name(self) -> str | None:
+        return self.local_backend.name
+
+    @property
+    def is_loaded(self) -> bool:
+        return self.local_backend.is_loaded
+
+    @property
+    def context_length(self) -> int:
+        return self.local_backend.context_length
+
+    @property
+    def can_see_images(self) -> bool:
+        return self.local_backend.can_see_images
+
+    @property
+    def images_off_reason(self) -> str | None:
+        return self.local_backend.images_off_reason
+
+    @property
+    def reasoning_format(self) -> ReasoningFormat | None:
+        return self.local_backend.reasoning_format
+
+    @property
+    def image_placeholder(self) -> str:
+        return self.local_backend.image_placeholder
+
+    @property
+    def num_cached_images(self) -> int:
+        return self.local_backend.num_cached_images
+
+    async def start_answer(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        system_prompt: str,
+        images: Sequence[ImageSource],
+        settings: GenerationSettings,
+        identifier: object = None,
+    ) -> AnswerJob:
+        return await self.local_backend.start_answer(messages, system_prompt, images, settings, identifier)
+
+    async def embed_images(self, images: Sequence[ImageSource]) -> list[MMEmbedding]:
+        return await self.local_backend.embed_images(images)
+
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        system_prompt: str = "",
+        images: Sequence[MMEmbedding] | None = None,
+        template_options: Mapping[str, Any] | None = None,
+    ) -> torch.Tensor:
+        return self.local_backend.encode_chat(messages, system_prompt, images, template_options)
+
+    def count_tokens(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        system_prompt: str = "",
+        images: Sequence[MMEmbedding] | None = None,
+        image_sources: Sequence[ImageSource] | None = None,
+    ) -> int:
+        return self.local_backend.count_tokens(messages, system_prompt, images, image_sources)
+
+    def start_job(
+        self,
+        input_ids: torch.Tensor | Sequence[int],
+        settings: Mapping[str, Any] | SamplerSettings,
+        *,
+        max_new_tokens: int,
+        seed: int | None,
+        identifier: object = None,
+        embeddings: Sequence[MMEmbedding] | None = None,
+        json_mode: bool = False,
+    ) -> DynamicJobAsync:
+        return self.local_backend.start_job(
+            input_ids,
+            settings,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            identifier=identifier,
+            embeddings=embeddings,
+            json_mode=json_mode,
+        )
 
     # --- memory ------------------------------------------------------------------------------------------
 
@@ -325,7 +413,7 @@ class EngineService(QObject, LocalBackend):
 
     async def _respeculate(self, speculation: Speculation) -> bool:
         async with self._load_lock:  # never while a model is being swapped in
-            loaded = self._loaded
+            loaded = self.local_backend.loaded
             if loaded is None or self._closed or speculation != self._speculation:
                 return False  # nothing to rebuild, or a newer setting came meanwhile (its own task installs it)
             if speculation == self._installed_speculation:
@@ -337,7 +425,7 @@ class EngineService(QObject, LocalBackend):
                 if speculation == self._speculation:
                     self._speculation = self._installed_speculation or Speculation()
                 return False
-            if self._closed or self._loaded is not loaded or speculation != self._speculation:
+            if self._closed or self.local_backend.loaded is not loaded or speculation != self._speculation:
                 return False
             self._swap = asyncio.ensure_future(self._install(loaded, speculation, kwargs))
             await asyncio.shield(self._swap)
@@ -360,9 +448,8 @@ class EngineService(QObject, LocalBackend):
             loaded.model, loaded.cache, loaded.tokenizer, max_seq_len=loaded.context_length, **kwargs
         )
         self._installed_speculation = speculation
-        old_generator, old_jobs = self._generator, list(self._jobs)
         # New jobs go to the new generator from here on, even while the old one is being stopped.
-        self._loaded, self._generator, self._jobs = loaded, generator, weakref.WeakSet()
+        old_generator, old_jobs = self.local_backend.serve(loaded, generator)
         if old_generator is not None:
             await self._retire(old_generator, old_jobs)
 
@@ -387,8 +474,7 @@ class EngineService(QObject, LocalBackend):
         for task in pending:  # a load thread still running finishes into nothing
             task.cancel()
         await asyncio.gather(*pending, *([self._swap] if self._swap else []), return_exceptions=True)
-        generator, jobs = self._generator, list(self._jobs)
-        self._loaded, self._generator, self._jobs = None, None, weakref.WeakSet()
+        generator, jobs = self.local_backend.serve(None, None)
         if generator is not None:
             await self._retire(generator, jobs)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from app.service.catalog import DEMO_VISION_NAME
-from app.service.images import IMAGE_CACHE_SIZE, EmbeddingCache
 from engine import Cache, DynamicGeneratorAsync, Model, Tokenizer
+from engine.chat.door import ChatFrontDoor
 from engine.chat_template import ChatTemplate
 
 
@@ -25,7 +25,13 @@ class Loaded:
     context_length: int
     context_request: int | None = None  # the context the load asked for (None: the default)
     vision: Any | None = None  # the model's vision handle (get_image_embeddings), None for a text model
-    images: EmbeddingCache = dataclasses.field(default_factory=lambda: EmbeddingCache(IMAGE_CACHE_SIZE))
+    # The one way from a chat to a job on this model; it keeps the model's image embeddings.
+    chat: ChatFrontDoor = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.chat = ChatFrontDoor(
+            self.model, self.tokenizer, self.template, context_length=self.context_length, vision=self.vision
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +47,7 @@ class Serving:
     generator: DynamicGeneratorAsync
     context_length: int
     vision: Any | None
+    chat: ChatFrontDoor  # the chats' front door: the server's requests share its image embeddings
 
 
 def no_vision_message(name: str) -> str:

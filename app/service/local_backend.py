@@ -1,14 +1,14 @@
-"""The local engine's side of the Backend protocol: images -> embeddings, chat -> prompt ids, ids -> a job.
+"""The local engine's side of the Backend protocol: a chat on the model loaded here becomes a job.
 
-`LocalBackend` is mixed into EngineService, which owns what it reads: the model being served (`_loaded`, a
-Loaded), its generator (`_generator`) and the jobs started on it (`_jobs`, so a model swap can stop them).
-Nothing here loads or swaps a model.
+EngineService holds one LocalBackend and hands it each model it installs (`serve(loaded, generator)`): the
+model's chat front door (engine.chat.door, `loaded.chat`) does the work, this class moves the blocking parts
+off the GUI thread and words the door's refusals for the window. Nothing here loads or swaps a model.
 
     start_answer(messages, system_prompt, images, settings)
-        embed_images(images)          vision worker  (LRU per model, app.service.images)
+        embed_images(images)          vision worker  (the door's LRU per model)
         encode_chat(...)              prompt worker  (the chat template may run for seconds)
-        room in the context?          ValueError "... fills the model's context ..."
-        start_job(ids, ...)           -> DynamicJobAsync on the generator's engine thread
+        door.fit(...)                 ContextFull "... fills the model's context ..."
+        door.start_job(...)           -> DynamicJobAsync on the generator's engine thread
 """
 
 from __future__ import annotations
@@ -20,28 +20,46 @@ from typing import Any
 import torch
 
 from app.service.backend import ContextFull, ModelSwapped
+from app.service.engine_answer import EngineAnswer
 from app.service.generation import GenerationSettings, sampler_settings
 from app.service.images import ImageSource, embed_all
 from app.service.loaded import Loaded, no_vision_message
 from app.service.workers import PROMPT, VISION, in_worker
 from engine import DynamicGeneratorAsync, DynamicJobAsync, SamplerSettings
-from engine.chat_prompt import encode_chat
-from engine.generator.filters import JSONFilter
-from engine.reasoning import ReasoningFormat, reasoning_format_of
+from engine.chat.errors import ContextOverflow, NoVisionError
+from engine.chat.request import AnswerOptions, ChatRequest
+from engine.reasoning import ReasoningFormat
 from engine.vision.embedding import MMEmbedding
 from engine.vision.prompt import DEFAULT_PLACEHOLDER, count_images
 
-# What "JSON mode" holds an answer to: one JSON object, any keys and values.
-JSON_MODE_SCHEMA = {"type": "object"}
-
 
 class LocalBackend:
-    """Answers from the model loaded here (see the module docstring); EngineService is the class to use."""
+    """Answers from the model it was last given to serve (see the module docstring)."""
 
-    _loaded: Loaded | None
-    _generator: DynamicGeneratorAsync | None
-    _jobs: weakref.WeakSet[DynamicJobAsync]
-    _json_filter: JSONFilter | None = None  # built on first use (llguidance compiles the grammar)
+    def __init__(self) -> None:
+        self._loaded: Loaded | None = None
+        self._generator: DynamicGeneratorAsync | None = None
+        self._jobs: weakref.WeakSet[DynamicJobAsync] = weakref.WeakSet()  # jobs started on `generator`
+
+    # --- what it serves ------------------------------------------------------------------------------------
+
+    @property
+    def loaded(self) -> Loaded | None:
+        """The model answering now (None before the first load and after close)."""
+        return self._loaded
+
+    @property
+    def generator(self) -> DynamicGeneratorAsync | None:
+        return self._generator
+
+    def serve(
+        self, loaded: Loaded | None, generator: DynamicGeneratorAsync | None
+    ) -> tuple[DynamicGeneratorAsync | None, list[DynamicJobAsync]]:
+        """Answer with `loaded` on `generator` from now on (None, None: with nothing). Returns the previous
+        generator and the jobs started on it, for the caller to stop; new jobs already go to the new one."""
+        previous = self._generator, list(self._jobs)
+        self._loaded, self._generator, self._jobs = loaded, generator, weakref.WeakSet()
+        return previous
 
     # --- describing the model ------------------------------------------------------------------------------
 
@@ -51,9 +69,13 @@ class LocalBackend:
         return self._loaded.name if self._loaded else None
 
     @property
+    def is_loaded(self) -> bool:
+        return self._loaded is not None
+
+    @property
     def reasoning_format(self) -> ReasoningFormat | None:
         """How the model marks its thinking (from its chat template and vocabulary), None when it does not."""
-        return reasoning_format_of(self._loaded.template, self._loaded.tokenizer) if self._loaded else None
+        return self._loaded.chat.reasoning if self._loaded else None
 
     @property
     def context_length(self) -> int:
@@ -73,13 +95,12 @@ class LocalBackend:
     @property
     def image_placeholder(self) -> str:
         """The text the chat template writes for an image ("<image>" for LLaVA)."""
-        vision = self._loaded.vision if self._loaded else None
-        return getattr(vision, "image_placeholder", None) or DEFAULT_PLACEHOLDER
+        return self._loaded.chat.image_placeholder if self._loaded else DEFAULT_PLACEHOLDER
 
     @property
     def num_cached_images(self) -> int:
         """Image embeddings of the current model kept for reuse (0 with no model)."""
-        return len(self._loaded.images) if self._loaded else 0
+        return len(self._loaded.chat.images) if self._loaded else 0
 
     # --- answers -------------------------------------------------------------------------------------------
 
@@ -90,9 +111,10 @@ class LocalBackend:
         images: Sequence[ImageSource],
         settings: GenerationSettings,
         identifier: object = None,
-    ) -> DynamicJobAsync:
+    ) -> EngineAnswer:
         """The Backend protocol's answer: embed `images`, build the prompt (both off the GUI thread), check it
-        leaves room to answer, and start the job, its length capped by what is left of the context."""
+        leaves room to answer, and start the job, its length capped by what is left of the context; the job's
+        results are read as AnswerChunks."""
         loaded = self._require_model()
         embeddings = await self.embed_images(images) if images else None
         if self._loaded is not loaded:
@@ -101,38 +123,37 @@ class LocalBackend:
         input_ids = await in_worker(self.encode_chat, messages, system_prompt, embeddings, options, pool=PROMPT)
         if self._loaded is not loaded:
             raise ModelSwapped(f"{loaded.name} was replaced while the prompt was being built")
-        num_prompt, context = int(input_ids.shape[-1]), loaded.context_length
-        room = context - num_prompt
-        if room < 1:
-            raise ContextFull(
-                f"This conversation ({num_prompt} tokens) fills the model's context of {context} tokens. "
-                "Start a new chat (Ctrl+T) or edit an earlier message."
-            )
-        return self.start_job(
-            input_ids,
-            settings.sampler(),
-            max_new_tokens=min(settings.max_new_tokens, room),
+        answer = AnswerOptions(
+            settings=settings.sampler(),
+            max_new_tokens=settings.max_new_tokens,
             seed=settings.seed,
-            identifier=identifier,
-            embeddings=embeddings,
             json_mode=settings.json_mode,
+            identifier=identifier,
         )
+        try:
+            max_new_tokens = loaded.chat.fit(int(input_ids.shape[-1]), answer)
+        except ContextOverflow as e:
+            raise ContextFull(
+                f"This conversation ({e.num_prompt} tokens) fills the model's context of {e.context_length} "
+                "tokens. Start a new chat (Ctrl+T) or edit an earlier message."
+            ) from None
+        return EngineAnswer(self._start(loaded, input_ids, answer, max_new_tokens, embeddings or ()))
 
     async def embed_images(self, images: Sequence[ImageSource]) -> list[MMEmbedding]:
         """Embeddings of `images` (file paths, or encoded bytes) for the current model, in order.
 
         The vision tower runs on the vision worker, never on the GUI thread. Embeddings are kept per model
-        by the sha256 of the image bytes (an LRU of IMAGE_CACHE_SIZE), so a chat resent or regenerated
-        reuses them; the same image twice gives the same MMEmbedding. Raises ImageError (a ValueError
-        naming the file) for an image that cannot be read, ValueError when the model cannot see images,
-        RuntimeError with no model.
+        by the sha256 of the image bytes (the front door's LRU), so a chat resent or regenerated reuses
+        them; the same image twice gives the same MMEmbedding. Raises ImageError (a ValueError naming the
+        file) for an image that cannot be read, ValueError when the model cannot see images, RuntimeError
+        with no model.
         """
         loaded = self._require_model()
         if loaded.vision is None:
             raise ValueError(no_vision_message(loaded.name))
         if not images:
             return []
-        return await in_worker(embed_all, loaded, list(images), pool=VISION)
+        return await in_worker(embed_all, loaded.chat, list(images), pool=VISION)
 
     def encode_chat(
         self,
@@ -144,7 +165,8 @@ class LocalBackend:
         """Token ids [1, n] of a conversation in the model's chat template, ending with the reply prompt.
 
         `messages` are {"role", "content"} dicts; a non-empty `system_prompt` goes first as a system
-        message. A user message may hold images as content parts ({"type": "image"}, see
+        message; a last message from the assistant is an unfinished answer, and the ids end with its text instead
+        of the reply prompt, so the model writes on. A user message may hold images as content parts ({"type": "image"}, see
         engine.vision.prompt.user_message); `images` are their MMEmbeddings (from `embed_images`) in the
         order the parts appear, and each becomes its run of image token ids. Special-token text in the
         rendered template becomes special tokens. Raises ChatTemplateError when the template rejects the
@@ -152,13 +174,16 @@ class LocalBackend:
         RuntimeError with no model.
         """
         loaded = self._require_model()
-        if system_prompt:
-            messages = [{"role": "system", "content": system_prompt}, *messages]
-        images = list(images or ())
-        if (images or count_images(messages)) and loaded.vision is None:
-            raise ValueError(no_vision_message(loaded.name))
-        options = template_options or {}
-        return encode_chat(loaded.tokenizer, loaded.template, messages, images, self.image_placeholder, **options)
+        if messages and messages[-1].get("role") == "assistant":  # an answer to write on (the chat's Continue)
+            ids = self.encode_chat(messages[:-1], system_prompt, images, template_options)
+            # The model's own text: its reasoning tags become the special tokens it wrote them as.
+            written = loaded.tokenizer.encode(str(messages[-1]["content"]), encode_special_tokens=True)
+            return torch.cat([ids, written.to(ids.dtype)], dim=-1)
+        request = ChatRequest(messages, system_prompt, images or (), template_options or {})
+        try:
+            return loaded.chat.prompt_ids(request)
+        except NoVisionError:
+            raise ValueError(no_vision_message(loaded.name)) from None
 
     def count_tokens(
         self,
@@ -176,14 +201,7 @@ class LocalBackend:
         """
         wanted = count_images(messages)
         if images is None and wanted:
-            loaded = self._require_model()
-            vision = loaded.vision
-            if image_sources is not None and len(image_sources) == wanted and vision is not None:
-                images = [vision.stand_in(source) for source in image_sources]
-            else:
-                per_image = int(getattr(loaded.model, "tokens_per_image", 1))
-                # Stand-ins with the right number of ids: only their length matters here (meta: no memory).
-                images = [MMEmbedding(torch.empty(per_image, 1, device="meta"), f"count-{i}") for i in range(wanted)]
+            images = self._require_model().chat.stand_ins(wanted, image_sources)
         return int(self.encode_chat(messages, system_prompt, images).shape[-1])
 
     def start_job(
@@ -202,33 +220,26 @@ class LocalBackend:
 
         Call from the event loop. `settings` is the engine's SamplerSettings or a settings dict (see
         generation.sampler_settings; unknown keys raise ValueError). `embeddings` are the images the ids
-        were encoded with (`encode_chat(images=...)`). `json_mode` holds the answer to one JSON object (a
-        JSONFilter over JSON_MODE_SCHEMA): it ends as soon as the object closes (eos_reason "end_filter"),
-        and is valid JSON unless max_new_tokens cuts it first. Stops at the tokenizer's end-of-turn tokens or
-        after `max_new_tokens`. Raises ValueError when prompt + max_new_tokens exceeds `context_length` or
-        the embeddings do not match the ids.
+        were encoded with (`encode_chat(images=...)`). `json_mode` holds the answer to one JSON object: it
+        ends as soon as the object closes (eos_reason "end_filter"), and is valid JSON unless
+        max_new_tokens cuts it first. Stops at the tokenizer's end-of-turn tokens or after
+        `max_new_tokens`. Raises ValueError when prompt + max_new_tokens exceeds `context_length` or the
+        embeddings do not match the ids.
         """
         gen_settings = settings if isinstance(settings, SamplerSettings) else sampler_settings(settings)
-        loaded = self._require_model()
-        unique = list({id(e): e for e in embeddings or ()}.values())  # an image sent twice is spliced once
-        filters = {}
-        if json_mode:
-            if self._json_filter is None:
-                self._json_filter = JSONFilter(JSON_MODE_SCHEMA)
-            # prefer_eos: once the object is complete, end rather than let the model pad it out.
-            filters = {"filters": [self._json_filter], "filter_prefer_eos": True}
-        job = DynamicJobAsync(
-            self._generator,
-            input_ids,
-            max_new_tokens,
-            gen_settings=gen_settings,
-            seed=seed,
-            stop_conditions=sorted(loaded.tokenizer.eos_token_ids),
-            identifier=identifier,
-            embeddings=unique or None,
-            # results then tell a reasoning model's thinking from its answer (engine.reasoning)
-            reasoning=reasoning_format_of(loaded.template, loaded.tokenizer),
-            **filters,
+        answer = AnswerOptions(settings=gen_settings, seed=seed, json_mode=json_mode, identifier=identifier)
+        return self._start(self._require_model(), input_ids, answer, max_new_tokens, embeddings or ())
+
+    def _start(
+        self,
+        loaded: Loaded,
+        input_ids: torch.Tensor | Sequence[int],
+        answer: AnswerOptions,
+        max_new_tokens: int,
+        embeddings: Sequence[MMEmbedding],
+    ) -> DynamicJobAsync:
+        job = loaded.chat.start_job(
+            self._generator, input_ids, answer, max_new_tokens=max_new_tokens, images=embeddings
         )
         self._jobs.add(job)
         return job

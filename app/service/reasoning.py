@@ -1,7 +1,9 @@
 """Reasoning in stored answers: how an answer marks its thinking, kept with it, and the split the window shows.
 
 The engine's parser (engine.reasoning) does the splitting, the one the server uses too; this module is the
-app's side of it. An answer is stored as the model wrote it, tags included, with its format in the stats:
+app's side of it. A streaming answer arrives split by its backend (AnswerChunk's thinking and answer); a
+stored one is split here, once, when it is shown or sent again. An answer is stored as the model wrote it,
+tags included, with its format in the stats:
 
     stats["reasoning"] = {"start": "<think>", "end": "</think>", "inside": false}   (inside: the prompt
     opened the block)   and   stats["thinking_seconds"] = 12.3
@@ -33,7 +35,7 @@ def format_stats(fmt: ReasoningFormat, inside: bool) -> dict[str, Any]:
 
 
 def split(text: str, fmt: ReasoningFormat | None, inside: bool = False) -> tuple[str, str]:
-    """(thinking, answer) of an answer's text."""
+    """(thinking, answer) of a whole answer's text."""
     if fmt is None:
         return "", text
     return split_reasoning(text, fmt, fmt.start if inside else "")

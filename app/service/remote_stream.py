@@ -1,9 +1,9 @@
-"""One answer streamed from a remote OpenAI-compatible server, read as the engine's result dicts.
+"""One answer streamed from a remote OpenAI-compatible server, read as AnswerChunks (app.service.backend).
 
     start_answer ──> RemoteJob.start(): a reader task builds the request body (listing the models once,
                      reading images), POSTs it and parses the reply's server-sent events
-                        │   text deltas, finish_reason, usage ──> results ──> asyncio queue
-    async for result in job  <──────────────────────────────────────────────────┘
+                        │   text deltas, finish_reason, usage ──> chunks ──> asyncio queue
+    async for chunk in job  <───────────────────────────────────────────────────┘
     await job.cancel(): cancels the reader task, which closes the HTTP stream (the server cancels its job)
 
 The reader runs in its own task so that Stop never has to wait for the next piece of the stream, and so a
@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx2
 
+from app.service.backend import AnswerChunk
 from app.service.reasoning import THINK
 from app.service.remote_errors import (
     RemoteBadReply,
@@ -41,11 +42,11 @@ _END = object()  # queued after a cancel: iteration stops without an eos result,
 
 
 class RemoteJob:
-    """A streamed chat completion; `async for result in job` yields dicts shaped like the engine's results.
+    """A streamed chat completion; `async for chunk in job` yields its AnswerChunks.
 
-    Text arrives as {"stage": "streaming", "eos": False, "text": ...}; the last result has "eos": True with
-    "eos_reason", "full_completion", "new_tokens", "prompt_tokens", "cached_tokens" and the times
-    "time_enqueued" (request sent -> reply headers), "time_prefill" (headers -> first text) and
+    Each text delta is a chunk of one token, its thinking and answer split here (see _Split); the last chunk
+    has "eos": True with "eos_reason", "full_completion", "new_tokens", "prompt_tokens", "cached_tokens" and
+    the times "time_enqueued" (request sent -> reply headers), "time_prefill" (headers -> first text) and
     "time_generate" (first text -> last text). Failures are raised from the iteration as RemoteError, after
     every piece of text that did arrive.
     """
@@ -93,7 +94,7 @@ class RemoteJob:
         self._queue.put_nowait(_END)
         return True
 
-    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+    async def __aiter__(self) -> AsyncIterator[AnswerChunk]:
         try:
             while not self._finished:
                 item = await self._queue.get()
@@ -154,6 +155,7 @@ class RemoteJob:
             if content_type != "text/event-stream":
                 raise not_openai(self._url, content_type, (await response.aread())[:2000])
             stats = _Stats(time_sent, time_headers)
+            split = _Split()
             failure: RemoteError | None = None
             try:
                 # Read to the end of the reply, past [DONE] and past a bad event, rather than leaving the loop:
@@ -163,13 +165,14 @@ class RemoteJob:
                     if failure is not None or event.data.strip() == "[DONE]":
                         continue
                     try:
-                        text = stats.take(self._chunk(event.data))
+                        text, thinking, answer = split.feed(*stats.take(self._chunk(event.data)))
                     except RemoteError as e:
                         failure = e
                         continue
                     if text:
                         self.text += text
-                        self._put({"stage": "streaming", "eos": False, "text": text})
+                        # servers send a token per delta; the eos chunk's new_tokens is the usage's count
+                        self._put({"eos": False, "text": text, "thinking": thinking, "answer": answer, "num_tokens": 1})
             except httpx2.TransportError:
                 if stats.finish_reason is None:
                     raise
@@ -178,7 +181,8 @@ class RemoteJob:
                 raise failure
             if stats.finish_reason is None:
                 raise stream_cut(self._base_url, len(self.text))
-            self._put(stats.eos_result(self.text))
+            thinking, answer = split.finish()  # a partial tag held back to the end
+            self._put({**stats.eos_result(self.text), "thinking": thinking, "answer": answer, "num_tokens": 0})
 
     def _chunk(self, data: str) -> Mapping[str, Any]:
         try:
@@ -198,11 +202,11 @@ class RemoteJob:
             )
         return chunk
 
-    def _put(self, result: dict[str, Any]) -> None:
-        result["job"] = self
+    def _put(self, fields: dict[str, Any]) -> None:
+        chunk: AnswerChunk = {"job": self, "stage": "streaming", **fields}
         if self.identifier is not None:
-            result["identifier"] = self.identifier
-        self._queue.put_nowait(result)
+            chunk["identifier"] = self.identifier
+        self._queue.put_nowait(chunk)
 
 
 class _Stats:
@@ -217,42 +221,30 @@ class _Stats:
         self.finish_reason: str | None = None
         self.stop_reason: object = None
         self.usage: Mapping[str, Any] = {}
-        self.thinking = False  # inside reasoning deltas, whose <think> block is not closed yet
 
-    def take(self, chunk: Mapping[str, Any]) -> str:
-        """The chunk's text (its first choice's content delta), noting its finish reason and usage."""
+    def take(self, chunk: Mapping[str, Any]) -> tuple[str, str]:
+        """The chunk's (thinking sent apart, content) deltas of its first choice, noting its finish reason and
+        usage. Thinking comes as `reasoning_content` (vLLM, llama-server, Tandem's server) or `reasoning`
+        (newer vLLM)."""
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]  # transformers serve puts it on the last choice chunk, others apart
         choices = chunk.get("choices") or []
         if not choices or not isinstance(choices[0], dict):
-            return ""
+            return "", ""
         choice = choices[0]
         if choice.get("finish_reason"):
             self.finish_reason = choice["finish_reason"]
             self.stop_reason = choice.get("stop_reason")  # vLLM: the stop string that ended the answer
         delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
-        text = self._tagged(_text(delta, "reasoning_content") or _text(delta, "reasoning"), _text(delta, "content"))
-        if not text:
-            return ""
+        reasoning = _text(delta, "reasoning_content") or _text(delta, "reasoning")
+        content = _text(delta, "content")
+        if not reasoning and not content:
+            return "", ""
         now = time.perf_counter()
         self.time_first = self.time_first if self.time_first is not None else now
         self.time_last = now
         self.num_text_chunks += 1
-        return text
-
-    def _tagged(self, reasoning: str, content: str) -> str:
-        """The delta as the model wrote it: thinking sent apart (`reasoning_content` from vLLM, llama-server
-        and Tandem's server, `reasoning` from newer vLLM) goes back between <think> tags, the form the app
-        stores and splits (app.service.reasoning), so a remote thinking model shows its Thinking block and
-        its thinking stays out of the next prompt, as a local one's does."""
-        out = ""
-        if reasoning:
-            out += reasoning if self.thinking else THINK.start + reasoning
-            self.thinking = True
-        if content:
-            out += THINK.end + content if self.thinking else content
-            self.thinking = False
-        return out
+        return reasoning, content
 
     def eos_result(self, full_completion: str) -> dict[str, Any]:
         now = time.perf_counter()
@@ -276,6 +268,35 @@ class _Stats:
             "time_prefill": first - self.time_headers,
             "time_generate": last - first,
         }
+
+
+class _Split:
+    """One remote answer split into thinking and answer once, delta by delta.
+
+    Thinking the server sends apart goes back between <think> tags, the form the app stores (so a remote
+    thinking model's thinking stays out of the next prompt, as a local one's does); that text then goes
+    through the engine's ReasoningParser, which also finds tags a server left inline in the content. What
+    it shows is what a stored answer's split gives when the chat is opened again.
+    """
+
+    def __init__(self) -> None:
+        self._thinking = False  # inside thinking sent apart, whose <think> block is not closed yet
+        self._parser = THINK.parser()
+
+    def feed(self, reasoning: str, content: str) -> tuple[str, str, str]:
+        """(text as the model wrote it, its thinking, its answer) of one delta."""
+        text = ""
+        if reasoning:
+            text += reasoning if self._thinking else THINK.start + reasoning
+            self._thinking = True
+        if content:
+            text += THINK.end + content if self._thinking else content
+            self._thinking = False
+        return (text, *self._parser.feed(text)) if text else ("", "", "")
+
+    def finish(self) -> tuple[str, str]:
+        """(thinking, answer) held back at the end of the stream (text that might have begun a tag)."""
+        return self._parser.finish()
 
 
 def _text(delta: Mapping[str, Any], key: str) -> str:

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from app.store.db import Database
+from app.store.drafts import is_linked, linked_shas_sql
 from app.store.errors import NotFoundError, StoreError
 
 logger = logging.getLogger(__name__)
@@ -50,13 +51,14 @@ def chat_shas(conn: sqlite3.Connection, chat_id: int) -> set[str]:
     return {row[0] for row in conn.execute(sql + " WHERE m.chat_id = ?", (chat_id,))}
 
 
-class AttachmentsMixin:
-    """Attachment methods of :class:`app.store.Store`."""
+class Attachments:
+    """The attachment files under ``attachments_dir`` and their rows; chats and messages drop theirs through it."""
 
-    _db: Database
-    attachments_dir: Path
+    def __init__(self, db: Database, attachments_dir: Path) -> None:
+        self._db = db
+        self.attachments_dir = attachments_dir
 
-    def add_attachment(self, data: bytes, suffix: str, sha256: str | None = None) -> str:
+    def add(self, data: bytes, suffix: str, sha256: str | None = None) -> str:
         """Store ``data`` once (same bytes -> same file) and return its sha256 hex digest.
 
         ``suffix`` ("png", ".jpg") names the file type; bytes already stored keep their first suffix.
@@ -85,7 +87,7 @@ class AttachmentsMixin:
                 )
         return sha
 
-    def attachment_path(self, sha: str) -> Path:
+    def path(self, sha: str) -> Path:
         """The file holding attachment ``sha``; KeyError (NotFoundError) for an unknown sha."""
         row = self._db.row("SELECT suffix FROM attachments WHERE sha = ?", (sha,))
         if row is None:
@@ -94,12 +96,12 @@ class AttachmentsMixin:
 
     # -- helpers for deletes (called inside the caller's transaction)
 
-    def _drop_unused_attachments(self, conn: sqlite3.Connection, shas: Iterable[str]) -> list[Path]:
+    def drop_unused(self, conn: sqlite3.Connection, shas: Iterable[str]) -> list[Path]:
         """Delete the rows of those ``shas`` no message links any more; return their files to remove
         after the transaction commits (a rollback must not lose files)."""
         unused = []
         for sha in shas:
-            if conn.execute("SELECT 1 FROM message_attachments WHERE sha = ? LIMIT 1", (sha,)).fetchone():
+            if is_linked(conn, sha):  # by a message or a draft
                 continue
             row = conn.execute("SELECT suffix FROM attachments WHERE sha = ?", (sha,)).fetchone()
             if row is not None:  # (no DELETE ... RETURNING: it needs SQLite 3.35, older than some distros ship)
@@ -107,19 +109,20 @@ class AttachmentsMixin:
                 unused.append(self.attachments_dir / f"{sha}.{row[0]}")
         return unused
 
-    def _remove_files(self, paths: Iterable[Path]) -> None:
+    def remove_files(self, paths: Iterable[Path]) -> None:
+        """Unlink files (after their rows' transaction committed); a failure is logged, the sweep retries it."""
         for path in paths:
             try:
                 path.unlink(missing_ok=True)
             except OSError as exc:  # a leftover file is harmless; the open-time sweep retries it
                 logger.warning("could not remove unused attachment %s: %s", path, exc)
 
-    def _sweep_attachments(self) -> None:
+    def sweep(self) -> None:
         """Remove attachments never linked to a message and files without a row (a crash between
         writing a file and its row, or after a delete committed), once they are a day old."""
         cutoff = time.time() - UNSENT_GRACE_S
-        unlinked = "created_at < ? AND sha NOT IN (SELECT sha FROM message_attachments)"
         with self._db.write() as conn:
+            unlinked = f"created_at < ? AND sha NOT IN ({linked_shas_sql(conn)})"
             stale = conn.execute(f"SELECT sha, suffix FROM attachments WHERE {unlinked}", (cutoff,)).fetchall()
             conn.execute(f"DELETE FROM attachments WHERE {unlinked}", (cutoff,))
         paths = [self.attachments_dir / f"{sha}.{suffix}" for sha, suffix in stale]
@@ -132,4 +135,4 @@ class AttachmentsMixin:
                     paths.append(path)
         except OSError as exc:  # an unreadable folder must not keep the app from starting
             logger.warning("could not scan %s for unused attachments: %s", self.attachments_dir, exc)
-        self._remove_files(paths)
+        self.remove_files(paths)

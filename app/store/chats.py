@@ -5,8 +5,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from app.store.attachments import AttachmentsMixin, chat_shas
-from app.store.db import dict_json
+from app.store.attachments import Attachments, chat_shas
+from app.store.db import Database, dict_json
 from app.store.errors import NotFoundError
 from app.store.records import Chat, chat_from_row
 from app.store.search import ChatSearch, SearchHit, search
@@ -26,10 +26,14 @@ def _check_text(value: Any, what: str) -> str:
     return value
 
 
-class ChatsMixin(AttachmentsMixin):
-    """Chat methods of :class:`app.store.Store`."""
+class Chats:
+    """The chats table; a deleted chat's attachments no other message uses go with it."""
 
-    def create_chat(
+    def __init__(self, db: Database, attachments: Attachments) -> None:
+        self._db = db
+        self._attachments = attachments
+
+    def create(
         self,
         title: str = "New chat",
         system_prompt: str = "",
@@ -49,39 +53,39 @@ class ChatsMixin(AttachmentsMixin):
                 " VALUES (?, ?, ?, ?, NULL, ?, ?)",
                 (title, kind, system_prompt, settings_json, now, now),
             )
-        return self.get_chat(cursor.lastrowid)
+        return self.get(cursor.lastrowid)
 
-    def get_chat(self, chat_id: int) -> Chat:
+    def get(self, chat_id: int) -> Chat:
         """The chat with this id; KeyError (NotFoundError) if there is none."""
         row = self._db.row("SELECT * FROM chats WHERE id = ?", (chat_id,))
         if row is None:
-            raise self._no_chat(chat_id)
+            raise self.not_found(chat_id)
         return chat_from_row(row)
 
-    def list_chats(self, search: str | None = None) -> list[Chat]:
+    def all(self, search: str | None = None) -> list[Chat]:
         """All chats, most recently updated first. ``search`` keeps chats whose title or any message text
-        contains it, ignoring case; blank means no filter. See :meth:`search_chats` for snippets and a limit."""
+        contains it, ignoring case; blank means no filter. See :meth:`search` for snippets and a limit."""
         if search is None or not search.strip():
             rows = self._db.rows("SELECT * FROM chats ORDER BY updated_at DESC, id DESC")
             return [chat_from_row(row) for row in rows]
-        return [hit.chat for hit in self.search_chats(search)]
+        return [hit.chat for hit in self.search(search)]
 
-    def search_chats(self, query: str, limit: int | None = None) -> list[SearchHit]:
+    def search(self, query: str, limit: int | None = None) -> list[SearchHit]:
         """Chats whose title or message text contains ``query`` (ignoring case), most recently updated first,
         each with a snippet of its newest matching message; ``limit`` keeps the chats with the newest matches.
-        Runs on this (the GUI) thread: for typing, use :meth:`chat_search`, which searches on a worker."""
+        Runs on this (the GUI) thread: for typing, use :meth:`searcher`, which searches on a worker."""
         return self._db.read(lambda conn: search(conn, query, limit, use_index=self._db.indexed))
 
-    def chat_search(self) -> ChatSearch:
+    def searcher(self) -> ChatSearch:
         """A searcher with its own read-only connection and worker thread; close() it when done."""
         return ChatSearch(self._db.path)
 
-    def rename_chat(self, chat_id: int, title: str) -> None:
+    def rename(self, chat_id: int, title: str) -> None:
         """Set a chat's title (surrounding whitespace dropped; empty is a ValueError)."""
         title = _check_title(title)
-        self._update_chat_columns(chat_id, {"title": title})
+        self._update_columns(chat_id, {"title": title})
 
-    def update_chat(
+    def update(
         self,
         chat_id: int,
         *,
@@ -97,21 +101,21 @@ class ChatsMixin(AttachmentsMixin):
             columns["settings"] = dict_json(settings, "chat settings")
         if model is not None:
             columns["model"] = _check_text(model, "model")
-        self._update_chat_columns(chat_id, columns)
+        self._update_columns(chat_id, columns)
 
-    def delete_chat(self, chat_id: int) -> None:
+    def delete(self, chat_id: int) -> None:
         """Delete a chat, its messages and their attachment links; attachment files no other message
         uses are removed."""
         with self._db.write() as conn:
             shas = chat_shas(conn, chat_id)
             if conn.execute("DELETE FROM chats WHERE id = ?", (chat_id,)).rowcount == 0:
-                raise self._no_chat(chat_id)
-            unused = self._drop_unused_attachments(conn, shas)
-        self._remove_files(unused)
+                raise self.not_found(chat_id)
+            unused = self._attachments.drop_unused(conn, shas)
+        self._attachments.remove_files(unused)
 
     # -- helpers shared with messages
 
-    def _update_chat_columns(self, chat_id: int, columns: dict[str, Any]) -> None:
+    def _update_columns(self, chat_id: int, columns: dict[str, Any]) -> None:
         # Column names come from this module, never from callers.
         assignments = "".join(f"{name} = ?, " for name in columns)
         with self._db.write() as conn:
@@ -120,12 +124,13 @@ class ChatsMixin(AttachmentsMixin):
                 (*columns.values(), self._db.now(), chat_id),
             )
             if cursor.rowcount == 0:
-                raise self._no_chat(chat_id)
+                raise self.not_found(chat_id)
 
-    def _touch_chat(self, conn: sqlite3.Connection, chat_id: int) -> None:
+    def touch(self, conn: sqlite3.Connection, chat_id: int) -> None:
         """Mark a chat updated now, inside the caller's transaction; KeyError if it does not exist."""
         if conn.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (self._db.now(), chat_id)).rowcount == 0:
-            raise self._no_chat(chat_id)
+            raise self.not_found(chat_id)
 
-    def _no_chat(self, chat_id: int) -> NotFoundError:
+    def not_found(self, chat_id: int) -> NotFoundError:
+        """The error for an unknown chat id (raised by the caller)."""
         return NotFoundError(f"no chat with id {chat_id!r} in {self._db.path}")

@@ -1,7 +1,7 @@
 """Messages: add (saved when sent, at the end of the visible thread or as a new version of a message), update (a
 streaming answer's text and stats), list the visible thread or every version, switch versions, cut from a point.
 
-A chat's messages form a tree (app/store/branches.py); :meth:`MessagesMixin.messages` returns the thread the
+A chat's messages form a tree (app/store/branches.py); :meth:`Messages.thread` returns the thread the
 chat shows, so most callers never see the other versions."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from app.store.attachments import Attachments
 from app.store.branches import ROOT, Tree
-from app.store.chats import ChatsMixin
-from app.store.db import dict_json
+from app.store.chats import Chats
+from app.store.db import Database, dict_json
 from app.store.errors import NotFoundError
 from app.store.migrations import BRANCHES_VERSION
 from app.store.records import Message
@@ -75,10 +76,15 @@ def _check_text(value: Any) -> str:
     return value
 
 
-class MessagesMixin(ChatsMixin):
-    """Message methods of :class:`app.store.Store`."""
+class Messages:
+    """A chat's messages as a tree of versions (app/store/branches.py); each write marks its chat updated."""
 
-    def add_message(
+    def __init__(self, db: Database, chats: Chats, attachments: Attachments) -> None:
+        self._db = db
+        self._chats = chats
+        self._attachments = attachments
+
+    def add(
         self,
         chat_id: int,
         role: str,
@@ -93,7 +99,7 @@ class MessagesMixin(ChatsMixin):
     ) -> Message:
         """Save a message at the end of the chat's visible thread and mark the chat updated.
 
-        ``images`` are shas from :meth:`add_attachment`; ``settings`` the sampler settings that
+        ``images`` are shas from :meth:`Attachments.add`; ``settings`` the sampler settings that
         produced an answer; ``complete=False`` for an answer that is about to stream. ``version_of``: save it
         as a new version of that message instead (a regenerated answer, an edited question): it follows the
         same message, and the visible thread now runs through it; the old version and what follows it stay.
@@ -109,7 +115,7 @@ class MessagesMixin(ChatsMixin):
         column = _check_column(column)
         complete = _check_flag(complete, "complete")
         with self._db.write() as conn:
-            self._touch_chat(conn, chat_id)
+            self._chats.touch(conn, chat_id)
             placeholders = ",".join("?" * len(images))
             known = {
                 row[0] for row in conn.execute(f"SELECT sha FROM attachments WHERE sha IN ({placeholders})", images)
@@ -164,7 +170,7 @@ class MessagesMixin(ChatsMixin):
             raise NotFoundError(f"no message with id {version_of!r} in chat {chat_id!r} ({self._db.path})")
         return tree.parent[version_of]
 
-    def update_message(
+    def update(
         self,
         message_id: int,
         *,
@@ -188,9 +194,9 @@ class MessagesMixin(ChatsMixin):
             if columns:
                 assignments = ", ".join(f"{name} = ?" for name in columns)  # names from this module only
                 conn.execute(f"UPDATE messages SET {assignments} WHERE id = ?", (*columns.values(), message_id))
-                self._touch_chat(conn, row[0])
+                self._chats.touch(conn, row[0])
 
-    def messages(self, chat_id: int, *, before: int | None = None) -> list[Message]:
+    def thread(self, chat_id: int, *, before: int | None = None) -> list[Message]:
         """A chat's visible thread, first message first: what the chat shows and sends to the model. ``before``:
         the thread that leads to that message, without it (the prompt for a new version of it). KeyError for an
         unknown chat or message."""
@@ -203,12 +209,12 @@ class MessagesMixin(ChatsMixin):
             raise NotFoundError(f"no message with id {before!r} in chat {chat_id!r} ({self._db.path})")
         return self._records(chat_id, tree, rows, ids)
 
-    def all_messages(self, chat_id: int) -> list[Message]:
+    def all(self, chat_id: int) -> list[Message]:
         """Every message of a chat, every version on every branch, in the order they were written."""
         tree, rows = self._read_tree(chat_id)
         return self._records(chat_id, tree, rows, [row["id"] for row in rows])
 
-    def message_versions(self, chat_id: int) -> dict[int, list[int]]:
+    def versions(self, chat_id: int) -> dict[int, list[int]]:
         """For each message of the visible thread, its versions' ids (itself among them), oldest first."""
         tree, _rows = self._read_tree(chat_id, skeleton=True)
         return {message_id: tree.versions(message_id) for message_id in tree.thread()}
@@ -230,7 +236,7 @@ class MessagesMixin(ChatsMixin):
     def _read_tree(self, chat_id: int, *, skeleton: bool = False) -> tuple[Tree, list[sqlite3.Row]]:
         """The chat's tree and its rows (``skeleton``: only the columns the tree needs); KeyError for no chat."""
         if self._db.row("SELECT 1 FROM chats WHERE id = ?", (chat_id,)) is None:
-            raise self._no_chat(chat_id)
+            raise self._chats.not_found(chat_id)
         columns = self._tree_columns() if skeleton else "*"
         rows = self._db.read(lambda conn: _chat_rows(conn, chat_id, columns))
         return _tree(rows), rows
@@ -249,13 +255,13 @@ class MessagesMixin(ChatsMixin):
             images[row[0]].append(row[1])
         return [_message_from_row(by_id[i], images.get(i, []), tree.parent[i]) for i in ids]
 
-    def delete_messages_from(self, chat_id: int, message_id: int) -> None:
+    def delete_from(self, chat_id: int, message_id: int) -> None:
         """Delete ``message_id`` and every message that follows it, on every branch; attachment files no
         other message uses are removed."""
         with self._db.write() as conn:
             row = conn.execute("SELECT chat_id FROM messages WHERE id = ?", (message_id,)).fetchone()
             if row is None or row[0] != chat_id:
-                self._touch_chat(conn, chat_id)  # an unknown chat is reported as such
+                self._chats.touch(conn, chat_id)  # an unknown chat is reported as such
                 raise NotFoundError(f"no message with id {message_id!r} in chat {chat_id!r} ({self._db.path})")
             doomed = _tree(_chat_rows(conn, chat_id, self._tree_columns())).descendants(message_id)
             shas: set[str] = set()
@@ -266,6 +272,6 @@ class MessagesMixin(ChatsMixin):
                     for r in conn.execute(f"SELECT sha FROM message_attachments WHERE message_id IN ({marks})", ids)
                 )
                 conn.execute(f"DELETE FROM messages WHERE id IN ({marks})", ids)
-            self._touch_chat(conn, chat_id)
-            unused = self._drop_unused_attachments(conn, shas)
-        self._remove_files(unused)
+            self._chats.touch(conn, chat_id)
+            unused = self._attachments.drop_unused(conn, shas)
+        self._attachments.remove_files(unused)

@@ -94,7 +94,28 @@ def _v3_message_branches(conn: sqlite3.Connection) -> None:
     # No index on parent_id: a chat's tree is read whole through messages_by_chat.
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_create_tables, _v2_search_index, _v3_message_branches)
+def _v4_drafts(conn: sqlite3.Connection) -> None:
+    """Version 4: each chat's unsent message and its images (app/store/drafts.py)."""
+    conn.execute(
+        """CREATE TABLE drafts (
+            chat_id INTEGER PRIMARY KEY REFERENCES chats (id) ON DELETE CASCADE,
+            text TEXT NOT NULL,
+            updated_at REAL NOT NULL
+        )"""
+    )
+    conn.execute(
+        """CREATE TABLE draft_attachments (
+            chat_id INTEGER NOT NULL REFERENCES drafts (chat_id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            sha TEXT NOT NULL REFERENCES attachments (sha),
+            name TEXT NOT NULL,
+            PRIMARY KEY (chat_id, position)
+        )"""
+    )
+    conn.execute("CREATE INDEX draft_attachments_by_sha ON draft_attachments (sha)")
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_create_tables, _v2_search_index, _v3_message_branches, _v4_drafts)
 BRANCHES_VERSION = 3  # a store stopped before it (tools, tests) keeps one thread per chat, as Tandem did then
 
 

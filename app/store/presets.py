@@ -57,23 +57,24 @@ def check_preset_settings(settings: dict[str, Any], name: str) -> None:
         raise ValueError(f"preset {name!r}: max_new_tokens must be a positive int, got {max_new!r}")
 
 
-class PresetsMixin:
-    """Preset methods of :class:`app.store.Store`."""
+class Presets:
+    """The built-in presets (read on first use) and the user's, which a built-in's name cannot be given to."""
 
-    _db: Database
-    _builtin_presets_path: Path
-    _builtin_presets: list[Preset] | None
+    def __init__(self, db: Database, builtin_path: Path = BUILTIN_PRESETS_PATH) -> None:
+        self._db = db
+        self._builtin_path = builtin_path
+        self._builtins: list[Preset] | None = None
 
-    def list_presets(self) -> list[Preset]:
+    def all(self) -> list[Preset]:
         """Built-in presets in file order, then the user's, by name (case-insensitive)."""
-        if self._builtin_presets is None:
-            self._builtin_presets = load_builtin_presets(self._builtin_presets_path)
-        builtins = [copy.deepcopy(preset) for preset in self._builtin_presets]
+        if self._builtins is None:
+            self._builtins = load_builtin_presets(self._builtin_path)
+        builtins = [copy.deepcopy(preset) for preset in self._builtins]
         rows = self._db.rows("SELECT name, settings FROM presets")
         users = [Preset(name=row[0], settings=json.loads(row[1]), builtin=False) for row in rows]
         return builtins + sorted(users, key=lambda preset: preset.name.casefold())
 
-    def save_preset(self, name: str, settings: dict[str, Any]) -> None:
+    def save(self, name: str, settings: dict[str, Any]) -> None:
         """Save (or overwrite) a user preset. The name must differ from every built-in's, ignoring case;
         settings must build an ``engine.SamplerSettings`` (plus optional "seed", "max_new_tokens")."""
         if not isinstance(name, str) or not name.strip():
@@ -90,7 +91,7 @@ class PresetsMixin:
                 (name, settings_json, self._db.now()),
             )
 
-    def delete_preset(self, name: str) -> None:
+    def delete(self, name: str) -> None:
         """Delete a user preset; ValueError for a built-in, KeyError (NotFoundError) for an unknown name."""
         if self._builtin_named(name) is not None:
             raise ValueError(f"{name!r} is a built-in preset and cannot be deleted")
@@ -100,4 +101,4 @@ class PresetsMixin:
 
     def _builtin_named(self, name: str) -> Preset | None:
         folded = name.strip().casefold() if isinstance(name, str) else None
-        return next((p for p in self.list_presets() if p.builtin and p.name.casefold() == folded), None)
+        return next((p for p in self.all() if p.builtin and p.name.casefold() == folded), None)

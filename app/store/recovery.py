@@ -3,7 +3,7 @@ can still be read is copied into a new one, so the app always starts and says wh
 
 The cases, each with its own message (`Opened.notice`, shown by the window; the headless paths print it):
 - a damaged page inside a valid database (found by `PRAGMA quick_check` when opening, before any chat is
-  read: before, every start failed with "database disk image is malformed" once the last chat was opened);
+  read: otherwise every start would fail with "database disk image is malformed" once the last chat opened);
 - a file that is not a database at all (garbage);
 - an empty (0-byte) file, as a full disk or a crash while creating it leaves;
 - a folder Tandem cannot write: nothing to recover, a `StoreError` saying which folder and what to do.

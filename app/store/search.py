@@ -9,16 +9,16 @@ connection; a new keystroke interrupts the last one.
 
 Why a long query does not go to FTS5 as one phrase: FTS5 walks every trigram's list of messages in step, and in
 everyday words most trigrams are in a third of all messages or more. "not there at all" is 14 such trigrams:
-its phrase took 110 ms on 1.2 million messages when nothing matched, since FTS5 cannot stop before the oldest
-message. Instead the index is asked for the messages holding the query's three rarest trigrams, three or more
-characters apart so they say more together, near each other (NEAR: about 25 ms, 1,146 messages), and SQLite
+as one phrase that matches nothing, FTS5 walks all 14 lists down to the oldest message, since it cannot stop
+sooner. Instead the index is asked for the messages holding the query's three rarest trigrams, three or more
+characters apart so they say more together, near each other (NEAR), and SQLite
 keeps those whose text holds the query (casefolded, as the scan compares). Which trigrams are rare is read
-from the index: the newest PROBE_ROWS messages of each say how dense it is (a fraction of a millisecond each).
+from the index: the newest PROBE_ROWS messages of each say how dense it is (a short read each).
 A trigram the index does not hold at all means nothing indexed matches.
 
 Snippets are cut from the chosen messages' text (at most the limit's), not by FTS5's snippet(): asked for one
-message, FTS5 walks each trigram's list from its start to that message (about 0.5 ms a snippet: most of the
-111 ms "kernel cache" took for 200 chats).
+message, FTS5 walks each trigram's list from its start to that message, which for 200 chats would be most of a
+search's time.
 """
 
 from __future__ import annotations

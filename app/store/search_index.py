@@ -1,8 +1,8 @@
 """The search index over chat titles and message text: an SQLite FTS5 index (trigram tokenizer, so any substring of
 three characters or more matches, case-insensitively) kept in step with the tables by triggers.
 
-Why an index: the scan before it ran a Python function over every message, 2.5 s per search on a history of
-30,000 chats and 1.2 million messages, growing with the history. The index answers from the trigrams' lists.
+Why an index: a scan runs a Python function over every message, seconds per search on a long history and
+growing with it. The index answers from the trigrams' lists.
 
 Both indexes are "external content" tables (``content='messages'``/``'chats'``): they hold only the
 trigrams, and a search reads the text from the real row, so the text is not stored twice. Triggers on
@@ -16,7 +16,7 @@ index triggers were dropped (opened once by a SQLite without FTS5, see :func:`en
 the next time FTS5 is there.
 
 Upgrading (schema 1 -> 2) or re-indexing indexes the titles at once and the messages in the background
-(:class:`Backfill`, 121 s for 1.2 million messages), newest first; ``search_index_state.indexed_from`` says
+(:class:`Backfill`, minutes for a long history), newest first; ``search_index_state.indexed_from`` says
 how far it got, and searches scan below it, so answers are whole meanwhile.
 """
 
@@ -133,7 +133,7 @@ def ensure_index(conn: sqlite3.Connection) -> bool:
             conn.execute(statement)
     for name in ("message_search", "title_search"):
         conn.execute(f"INSERT INTO {name} ({name}) VALUES ('delete-all')")  # whatever a stale index held
-    conn.execute("INSERT INTO title_search (title_search) VALUES ('rebuild')")  # 30,000 titles: well under 1 s
+    conn.execute("INSERT INTO title_search (title_search) VALUES ('rebuild')")  # titles are few and short: done at once
     (pending,) = conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM messages").fetchone()
     conn.execute("INSERT OR REPLACE INTO search_index_state (id, indexed_from) VALUES (1, ?)", (pending,))
     for name, statement in _TRIGGERS.items():
@@ -231,8 +231,8 @@ class Backfill:
 
     def _merge(self, conn: sqlite3.Connection) -> None:
         """Merge the many small segments the batches left into fewer large ones, a little per transaction:
-        a search then reads one list per trigram instead of dozens (on 1.2M messages, 'garlic' went from
-        240 ms to 50 ms after a full merge). FTS5's 'optimize' would do it in one 25 s write transaction."""
+        a search then reads one list per trigram instead of dozens. FTS5's 'optimize' would do it in one long
+        write transaction that blocks the window's saves."""
         started = time.perf_counter()
         while not self._stop.is_set():
             before = conn.total_changes

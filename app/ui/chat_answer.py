@@ -3,7 +3,7 @@
     start(backend, conversation, settings)       the tab counts as answering from here; the answer's widget is built
       backend.start_answer(...)                  images and prompt off the GUI thread (app.service.backend)
       message stored (complete=False), shown     began (answers ready together begin one per event-loop pass)
-      async for result in job                    chunk_received, tokens_used; saved every save_interval_ms
+      async for chunk in job                     chunk_received, tokens_used; saved every save_interval_ms
       eos / stop / error                         saved with its stats; ended(notice, answered)
 
 A save the store refuses (a full disk) stays in memory and on screen and is retried by the tab's
@@ -32,7 +32,7 @@ from app.service.backend import (
     user_message,
 )
 from app.service.generation import GenerationSettings
-from app.service.reasoning import THINK, answer_only, format_stats, split
+from app.service.reasoning import THINK, answer_only, format_stats
 from app.store import StoreError
 from app.ui.answer_saves import PendingSaves
 from app.ui.message_view import MessageWidget
@@ -45,6 +45,17 @@ log = logging.getLogger(__name__)
 _BEGIN_TURNS = OnePerPass()
 
 
+@dataclass(frozen=True)
+class Extension:
+    """An answer cut at its token limit that Continue writes on, in the same message: its widget, its stored
+    text and token count, and whether its prompt opened a reasoning block."""
+
+    widget: MessageWidget
+    text: str
+    num_tokens: int
+    inside: bool = False
+
+
 @dataclass
 class _Stream:
     """What one running answer has produced so far."""
@@ -53,12 +64,16 @@ class _Stream:
     widget: MessageWidget
     prompt_tokens: int | None  # the meter's last count until the backend says (None: it cannot count)
     json_mode: bool = False
-    text: str = ""
+    text: str = ""  # as the model wrote it, reasoning tags included: what is stored
+    thinking: str = ""  # the text split by the backend as it streamed, tags left out
+    answer: str = ""
     num_tokens: int = 0
     saved_text: str = ""
     eos: dict[str, Any] = field(default_factory=dict)
     reasoning: Any = None  # the backend's ReasoningFormat (app.service.reasoning), None: no thinking in tags
     inside: bool = False  # the prompt opened the reasoning block: the answer began as thinking
+    prefix: str = ""  # a continued answer's text before this job: the job's full_completion follows it
+    base_tokens: int = 0  # ...and its tokens
 
 
 def conversation(
@@ -117,6 +132,7 @@ class ChatAnswer(QObject):
         self._stopping = False
         self._preparing = False  # images are being embedded or the prompt built before the answer's job starts
         self._version_of: int | None = None  # the answer being written again: this one is a new version of it
+        self._extension: Extension | None = None  # the answer being written on (Continue)
         self._save_timer = QTimer(self)
         self._save_timer.timeout.connect(self._save_partial)
 
@@ -139,17 +155,24 @@ class ChatAnswer(QObject):
         settings: Mapping[str, Any] | None,
         prompt_tokens: int | None,
         version_of: int | None = None,
+        extension: Extension | None = None,
     ) -> None:
         """Ask `backend` for the answer to `messages` (images: the files of their image parts, in order) under
         the chat's stored `settings`; `prompt_tokens` is the meter's count, until the backend says. `version_of`:
-        the answer is stored as a new version of that message (regenerate), not after the visible thread."""
+        the answer is stored as a new version of that message (regenerate), not after the visible thread.
+        `extension`: write on that answer instead (`messages` end with its text as the assistant's turn)."""
         self._preparing = True
         self._version_of = version_of
+        self._extension = extension
         self._stopping = False
-        # Built now, in the pass that asked (the user's click), not when the job starts: answers whose prompts come
-        # back together start together, and a widget costs tens of Qt calls, each a GIL hand-off while the engine runs.
-        self._widget = self._new_widget()
-        self._widget.set_streaming(True)
+        if extension is not None:
+            extension.widget.set_streaming(True)
+        else:
+            # Built now, in the pass that asked (the user's click), not when the job starts: answers whose prompts
+            # come back together start together, and a widget costs tens of Qt calls, each a GIL hand-off while the
+            # engine runs.
+            self._widget = self._new_widget()
+            self._widget.set_streaming(True)
         coro = self._prepare_and_begin(backend, messages, images, system_prompt, settings, prompt_tokens)
         self._task = spawn(coro, name=f"prompt-{self.chat_id}")
 
@@ -193,6 +216,8 @@ class ChatAnswer(QObject):
         elif job is not None:
             error = self._begin(job, settings, prompt_tokens, getattr(backend, "reasoning_format", THINK))
         self._drop_widget()  # an answer that did not begin never shows its widget (a model swap builds another)
+        if self._job is None and self._extension is not None:
+            self._extension.widget.set_streaming(False)  # not continued: the answer stands as it was
         if job is None and not error and not stopped:
             self.model_swapped.emit()
             return
@@ -201,6 +226,8 @@ class ChatAnswer(QObject):
 
     def _begin(self, job: AnswerJob, settings: GenerationSettings, prompt_tokens: int | None, reasoning: Any) -> str:
         """Store and show the answer's message and stream the job into it; a notice when it cannot be stored."""
+        if self._extension is not None:
+            return self._begin_extension(job, settings, prompt_tokens, reasoning, self._extension)
         try:
             answer = self.store.add_message(
                 self.chat_id,
@@ -225,29 +252,56 @@ class ChatAnswer(QObject):
         self._task = spawn(self._run(job, self._stream), name=f"chat-{self.chat_id}")
         return ""
 
+    def _begin_extension(
+        self, job: AnswerJob, settings: GenerationSettings, prompt_tokens: int | None, reasoning: Any, ext: Extension
+    ) -> str:
+        """Stream the job on at the end of an answer already stored and shown (Continue)."""
+        widget = ext.widget
+        self._job = job
+        self._stopping = False
+        self._stream = _Stream(
+            widget.message_id,
+            widget,
+            prompt_tokens,
+            settings.json_mode,
+            text=ext.text,
+            thinking=widget.thinking_text,
+            answer=widget.answer_text,
+            num_tokens=ext.num_tokens,
+            saved_text=ext.text,
+            reasoning=reasoning,
+            inside=ext.inside,
+            prefix=ext.text,
+            base_tokens=ext.num_tokens,
+        )
+        self._save_timer.start(self._save_interval_ms())
+        self.began.emit()
+        self._task = spawn(self._run(job, self._stream), name=f"chat-{self.chat_id}")
+        return ""
+
     async def _run(self, job: AnswerJob, stream: _Stream) -> None:
         error: str | None = None
         try:
-            async for result in job:
-                if result.get("stage") != "streaming":
-                    continue
-                token_ids = result.get("token_ids")
-                stream.num_tokens += int(token_ids.shape[-1]) if token_ids is not None else 0
-                chunk = result.get("text", "")
-                if result.get("reasoning") and not stream.inside and stream.reasoning is not None:
+            async for chunk in job:
+                stream.num_tokens += chunk["num_tokens"]
+                text = chunk["text"]
+                if chunk["thinking"] and not stream.thinking and stream.reasoning is not None:
                     # thinking came without its opening tag: the prompt's template opened the block
-                    stream.inside = not (stream.text + chunk).lstrip().startswith(stream.reasoning.start)
+                    stream.inside = not (stream.text + text).lstrip().startswith(stream.reasoning.start)
                     if stream.inside:
                         stream.widget.set_reasoning_format(stream.reasoning, inside=True)
-                if chunk:
-                    stream.text += chunk
-                    self.chunk_received.emit(chunk)
-                if result.get("eos"):
-                    stream.eos = eos_stats(result, stream.json_mode)
-                    stream.text = result.get("full_completion", stream.text)  # the engine's own account
-                stream.widget.set_text(stream.text)
-                if "prompt_tokens" in result:
-                    stream.prompt_tokens = int(result["prompt_tokens"])
+                stream.thinking += chunk["thinking"]
+                stream.answer += chunk["answer"]
+                if text:
+                    stream.text += text
+                    self.chunk_received.emit(text)
+                if chunk["eos"]:
+                    stream.eos = eos_stats(chunk, stream.json_mode)
+                    if "full_completion" in chunk:  # the backend's own account (of this job's part)
+                        stream.text = stream.prefix + chunk["full_completion"]
+                stream.widget.set_text(stream.text, stream.thinking, stream.answer)  # shown as the backend split it
+                if "prompt_tokens" in chunk:
+                    stream.prompt_tokens = int(chunk["prompt_tokens"])
                 if stream.prompt_tokens is not None:
                     self.tokens_used.emit(stream.prompt_tokens + stream.num_tokens)
         except Exception as e:  # the engine failed this job: keep what arrived, say what happened
@@ -260,12 +314,12 @@ class ChatAnswer(QObject):
         self._save_timer.stop()
         complete = bool(stream.eos) and error is None
         if complete:
-            stats = stream.eos
+            stats = {**stream.eos, "new_tokens": stream.eos["new_tokens"] + stream.base_tokens}
         else:
             stats = {"new_tokens": stream.num_tokens, "stopped": error is None}
             if error is not None:
                 stats["error"] = error
-        if stream.reasoning is not None and split(stream.text, stream.reasoning, stream.inside)[0]:
+        if stream.reasoning is not None and stream.thinking:
             stats = {**stats, **format_stats(stream.reasoning, stream.inside)}  # shown apart when reopened
             if stream.widget.thinking_seconds is not None:
                 stats["thinking_seconds"] = round(stream.widget.thinking_seconds, 2)

@@ -4,8 +4,10 @@ checked off the GUI thread (app/ui/attachments.py) before it joins the tab's str
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
+from PySide6.QtCore import QTimer
 from PySide6.QtGui import QDragEnterEvent, QDropEvent, QImage
 from PySide6.QtWidgets import QFileDialog
 
@@ -27,12 +29,30 @@ class AttachingImages:
         self._num_attaching += 1
         return spawn(self._attach([], image), name=f"paste-{self.chat_id}")
 
-    async def _attach(self, paths: list[Path], image: QImage | None) -> None:
+    def attach_saved(self, files: list[tuple[Path, str]]) -> None:
+        """Put a draft's stored images back in the strip under their own names, checked like any attachment
+        (once the event loop runs: a tab is built before it starts)."""
+        self._num_attaching += 1  # a send or a draft save waits for them from now on
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            QTimer.singleShot(0, self, lambda: self._spawn_saved(files))
+            return
+        self._spawn_saved(files)
+
+    def _spawn_saved(self, files: list[tuple[Path, str]]) -> asyncio.Task:
+        names = {str(path): name for path, name in files}
+        return spawn(self._attach([p for p, _ in files], None, names), name=f"draft-images-{self.chat_id}")
+
+    async def _attach(self, paths: list[Path], image: QImage | None, names: dict[str, str] | None = None) -> None:
         problems = []
         try:
             for path in paths:
                 try:
-                    self.strip.add(await load_image_file_async(path))
+                    attachment = await load_image_file_async(path)
+                    if names and str(path) in names:  # a draft's picture, stored by its digest: its own name back
+                        attachment = dataclasses.replace(attachment, name=names[str(path)])
+                    self.strip.add(attachment)
                 except AttachmentError as e:
                     problems.append(str(e))
             if image is not None:

@@ -4,46 +4,54 @@ A send stores the user message, then hands the conversation, its image files and
 to the tab's backend (`backend.start_answer`, the app.service.backend protocol: the local engine or a remote
 server), whose results arrive with `async for` on the GUI loop; every tab runs its own, so several stream at
 once. The answer is stored as soon as it starts (complete=False), saved every second while it streams, and once
-more when it ends or is stopped. With "JSON mode" on (saved in the chat's settings dict as "json_mode"), every
+more when it ends or is stopped. The message being typed (text and images) is the chat's draft in the store:
+saved a moment after each edit and when the window closes, put back when the chat opens, cleared when sent.
+With "JSON mode" on (saved in the chat's settings dict as "json_mode"), every
 answer is held to one JSON object. `set_backend` hands the tab another backend; the next answer uses it.
 
 The backend builds the prompt off the GUI thread, and the context meter counts on a worker thread
 (app.service.workers): a chat template is the model's own code, and a hostile one runs for up to its time limit
 (engine.chat_template.RENDER_SECONDS) before it fails, which must not freeze the window. Its error is shown
 above the input like any other reason an answer could not start.
+
+Versions and branches: regenerate writes a new version of an answer, and the ←/→ switch on a message (or
+Alt+Left / Alt+Right) shows another version, with the continuation that version had. The store keeps the tree
+and which version is shown (app/store/branches.py); the tab shows the visible thread and sends exactly it to the
+model, so a switch changes what the next answer sees. A switch runs no model: the prompt of the next answer
+shares its prefix with what that branch sent before, and the engine's prefix cache finds those pages by content.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QTimer, Signal
-from PySide6.QtWidgets import (
-    QWidget,
-)
+from PySide6.QtWidgets import QApplication, QWidget
 
 from app.service.backend import Backend, KnownImage
 from app.service.generation import complete_settings, has_json_mode, thinking_of, with_json_mode, with_thinking
+from app.service.reasoning import stored_format
 from app.store import StoreError
 from app.ui.answer_saves import RETRY_INTERVAL_MS, PendingSaves
-from app.ui.chat_answer import ChatAnswer, conversation
+from app.ui.chat_answer import ChatAnswer, Extension, conversation
 from app.ui.chat_attaching import AttachingImages
-from app.ui.chat_branches import BranchingChat
+from app.ui.chat_draft import KeepingDraft
 from app.ui.chat_tab_ui import build_chat_tab
 from app.ui.message_view import MessageWidget
 
 log = logging.getLogger(__name__)
 
 SAVE_INTERVAL_MS = 1000  # a streaming answer reaches the database at least this often
+DRAFT_SAVE_MS = 600  # a typed message is saved once typing pauses this long
 DEFAULT_TITLE = "New chat"
 _TITLE_LENGTH = 48
 
 
-class ChatTab(BranchingChat, AttachingImages, QWidget):
+class ChatTab(AttachingImages, KeepingDraft, QWidget):
     """One open chat. `send()` / `stop()` / `regenerate()` / `begin_edit()` drive it; signals tell the window."""
 
     title_changed = Signal(int, str)
@@ -51,7 +59,9 @@ class ChatTab(BranchingChat, AttachingImages, QWidget):
     chat_changed = Signal(int)  # something was saved: the sidebar re-sorts
     chunk_received = Signal(int, str)
     generation_finished = Signal(int)
+    vision_model_wanted = Signal()  # the user asked to load a model that sees this chat's images
     save_interval_ms = SAVE_INTERVAL_MS
+    draft_save_ms = DRAFT_SAVE_MS
     save_retry_ms = RETRY_INTERVAL_MS  # a save the store refused is tried again this often
 
     def __init__(self, store: Any, backend: Backend, chat_id: int, parent: QWidget | None = None):
@@ -61,7 +71,7 @@ class ChatTab(BranchingChat, AttachingImages, QWidget):
         self.chat = store.get_chat(chat_id)
         self.chat_id = chat_id
         self._editing_id: int | None = None
-        self._regenerating: int | None = None  # the answer being written again (app/ui/chat_branches.py)
+        self._regenerating: int | None = None  # the answer being written again until its new version is stored
         self._num_attaching = 0
         self.setAcceptDrops(True)
 
@@ -88,9 +98,15 @@ class ChatTab(BranchingChat, AttachingImages, QWidget):
         self._system_timer.setSingleShot(True)
         self._system_timer.setInterval(400)
         self._system_timer.timeout.connect(self._save_system_prompt)
+        self._draft_timer = QTimer(self)
+        self._draft_timer.setSingleShot(True)
+        self._draft_timer.setInterval(self.draft_save_ms)
+        self._draft_timer.timeout.connect(self.save_draft)
+        self._notice_action: Callable[[], Any] | None = None
 
         build_chat_tab(self)
         self.reload()
+        self._restore_draft()
 
     # --- state ----------------------------------------------------------------------------------------------
 
@@ -183,6 +199,7 @@ class ChatTab(BranchingChat, AttachingImages, QWidget):
         widget = MessageWidget(message_id, role, text, image_paths=images, stats=stats)
         widget.edit_requested.connect(self.begin_edit)
         widget.regenerate_requested.connect(self.regenerate)
+        widget.continue_requested.connect(self.continue_answer)
         widget.version_requested.connect(self.switch_version)
         return widget
 
@@ -205,23 +222,33 @@ class ChatTab(BranchingChat, AttachingImages, QWidget):
         widgets = self.view.message_widgets()
         self.view.setVisible(not self.welcome.show_for(self.backend, has_messages=bool(widgets)))
         for i, widget in enumerate(widgets):
-            last = i == len(widgets) - 1
-            widget.set_actions(
-                can_edit=not streaming, can_regenerate=not streaming and last and widget.role == "assistant"
-            )
+            last_answer = i == len(widgets) - 1 and widget.role == "assistant" and not streaming
+            widget.set_actions(can_edit=not streaming, can_regenerate=last_answer, can_continue=last_answer)
         self._show_versions(streaming)
 
     # --- notices --------------------------------------------------------------------------------------------
 
-    def show_notice(self, text: str) -> None:
-        """Show a message above the input (an error the user should read); it stays until dismissed."""
+    def show_notice(self, text: str, action: tuple[str, Callable[[], Any]] | None = None) -> None:
+        """Show a message above the input (an error the user should read); it stays until dismissed. `action`:
+        a button's text and what it does, beside the message."""
         log.info("chat %s: %s", self.chat_id, text)
         self.notice_label.setText(text)
+        self._notice_action = action[1] if action else None
+        self.notice_button.setText(action[0] if action else "")
+        self.notice_button.setVisible(action is not None)
         self.notice.setVisible(True)
 
     def clear_notice(self) -> None:
         self.notice_label.clear()
+        self._notice_action = None
+        self.notice_button.setVisible(False)
         self.notice.setVisible(False)
+
+    def _notice_action_clicked(self) -> None:
+        action = self._notice_action
+        self.clear_notice()
+        if action is not None:
+            action()
 
     def notice_text(self) -> str:
         return "" if self.notice.isHidden() else self.notice_label.text()
@@ -268,6 +295,7 @@ class ChatTab(BranchingChat, AttachingImages, QWidget):
         self._add_widget(message)
         self.input.clear()
         self.strip.clear()
+        self._clear_draft()
         self.clear_notice()
         if self.chat.title == DEFAULT_TITLE and text:
             first_line = text.splitlines()[0]
@@ -300,15 +328,43 @@ class ChatTab(BranchingChat, AttachingImages, QWidget):
         self._editing_id = None
         self.edit_bar.setVisible(False)
 
-    def _start_answer(self) -> None:
+    def continue_answer(self, message_id: int | None = None) -> bool:
+        """Write on the last answer from where its token limit cut it, in the same message (its Continue button);
+        False when the last message is not such an answer or the chat is answering."""
+        self._saves.retry()
+        widgets = self.view.message_widgets()
+        last = widgets[-1] if widgets else None
+        if self.is_streaming or last is None or last.role != "assistant" or not last.is_cut:
+            return False
+        if message_id is not None and message_id != last.message_id:
+            return False
+        if not self.backend.is_loaded:
+            self.show_notice("No model is loaded yet. Wait for it to load, or open one from the Model menu.")
+            return False
+        message = next((m for m in self.store.messages(self.chat_id) if m.id == last.message_id), None)
+        if message is None:
+            return False
+        self._end_edit()
+        self.clear_notice()
+        _fmt, inside = stored_format(message.stats)
+        self._start_answer(Extension(last, message.text, int(message.stats.get("new_tokens", 0)), inside))
+        return True
+
+    def _start_answer(self, extension: Extension | None = None) -> None:
         self._save_system_prompt()  # typed just now: the answer must already use it
-        # A regenerated answer's prompt is the thread that led to it; otherwise the whole visible thread.
-        messages, shas = conversation(self.store, self.chat_id, self.backend.can_see_images, self._regenerating)
+        # A regenerated answer's prompt is the thread that led to it, a continued one's the thread before it with
+        # its text as the assistant's unfinished turn; otherwise the whole visible thread.
+        before = extension.widget.message_id if extension is not None else self._regenerating
+        messages, shas = conversation(self.store, self.chat_id, self.backend.can_see_images, before)
+        if extension is not None:
+            messages.append({"role": "assistant", "content": extension.text})
+        if not self.backend.can_see_images:
+            self._say_images_left_out()
         pictures = [self._just_attached.get(sha) or self.store.attachment_path(sha) for sha in shas]
         self._just_attached = {}
         counted = self.context_meter.counted
         system, settings = self.chat.system_prompt, self.chat.settings
-        self.answer.start(self.backend, messages, pictures, system, settings, counted, self._regenerating)
+        self.answer.start(self.backend, messages, pictures, system, settings, counted, self._regenerating, extension)
         # Until the job starts (images embedded, prompt built, both off the GUI thread) the tab counts as answering.
         self._update_controls()
         self.streaming_changed.emit(self.chat_id, True)
@@ -361,10 +417,99 @@ class ChatTab(BranchingChat, AttachingImages, QWidget):
         self._saves.retry()
 
     def flush(self) -> None:
-        """Save the answer streaming now as it stands (the window is closing and the loop may not run again)."""
+        """Save the answer streaming now as it stands, and the draft (the window is closing and the loop may not
+        run again)."""
         self._save_system_prompt()
+        self.save_draft()
         if not self.answer.flush():
             self._saves.retry()
+
+    # --- versions and branches ------------------------------------------------------------------------------
+
+    def regenerate(self, message_id: int | None = None) -> bool:
+        """Write the last answer (or answer `message_id`) again as a new version of it; the old one is kept."""
+        self._saves.retry()
+        if self.is_streaming:
+            return False
+        if not self.backend.is_loaded:
+            self.show_notice("No model is loaded yet. Wait for it to load, or open one from the Model menu.")
+            return False
+        widgets = self.view.message_widgets()
+        if message_id is None:
+            if not widgets or widgets[-1].role != "assistant":
+                return False
+            message_id = widgets[-1].message_id
+        if message_id not in [w.message_id for w in widgets if w.role == "assistant"]:
+            return False
+        self._end_edit()
+        self.view.remove_from(message_id)  # still stored: it comes back as a version beside the new answer
+        self.clear_notice()
+        self._regenerating = message_id
+        self._start_answer()
+        return True
+
+    def _branch_answer_ended(self, answered: bool) -> None:
+        """An answer ended; one that never started leaves the old version on screen where it was."""
+        regenerating, self._regenerating = self._regenerating, None
+        if regenerating is not None and not answered:
+            self.reload()
+
+    def switch_version(self, message_id: int, step: int) -> bool:
+        """Show the version `step` (-1, +1) away from message `message_id`, and the rest of the thread as that
+        version left it; False when there is none or the chat is answering."""
+        if self.is_streaming:
+            return False
+        try:
+            versions = self.store.message_versions(self.chat_id).get(message_id, [])
+            index = versions.index(message_id) + step if message_id in versions else -1
+            if not 0 <= index < len(versions):
+                return False
+            self.store.select_version(versions[index])
+            thread = [m for m in self.store.messages(self.chat_id) if self.shows(m)]
+        except StoreError as e:
+            self.show_notice(f"Could not switch versions: {e}")
+            return False
+        self._end_edit()  # the message being edited may be on the branch that leaves the screen
+        kept = [w.message_id for w in self.view.message_widgets()]
+        kept = kept[: kept.index(message_id)] if message_id in kept else kept
+        self.view.remove_from(message_id)
+        for message in thread[len(kept) :]:
+            self._add_widget(message)
+        self.refresh_context_meter()  # the conversation changed: count it again (this also updates the controls)
+        return True
+
+    def step_version(self, step: int) -> bool:
+        """Alt+Left / Alt+Right: switch the message that has the keyboard focus, else the lowest message that
+        has other versions; the focus then stays on the version shown, so the keys can be pressed again."""
+        widgets = self.view.message_widgets()
+        focus = QApplication.focusWidget()
+        target = next((w for w in widgets if focus is not None and (w is focus or w.isAncestorOf(focus))), None)
+        if target is None or target.versions.count < 2:
+            target = next((w for w in reversed(widgets) if w.versions.count > 1), None)
+        if target is None:
+            return False
+        position = widgets.index(target)
+        if not self.switch_version(target.message_id, step):
+            return False
+        self.view.message_widgets()[position].body.setFocus()
+        return True
+
+    def _show_versions(self, streaming: bool) -> None:
+        """Put each message's "2/3" and its ←/→ (off while the chat answers) in step with the store."""
+        try:
+            versions = self.store.message_versions(self.chat_id)
+        except (StoreError, KeyError) as e:  # a deferred refresh after the store closed or the chat went
+            log.info("chat %s: versions not shown: %s", self.chat_id, e)
+            return
+        for widget in self.view.message_widgets():
+            ids = versions.get(widget.message_id, [widget.message_id])
+            index = ids.index(widget.message_id) if widget.message_id in ids else 0
+            widget.versions.set_versions(index, len(ids), enabled=not streaming)
+
+    @staticmethod
+    def shows(message: object) -> bool:
+        """Whether the tab shows this message (the compare view's columns and system turns are not)."""
+        return message.role in ("user", "assistant") and message.column is None
 
     # --- context meter --------------------------------------------------------------------------------------
 
@@ -395,3 +540,18 @@ class ChatTab(BranchingChat, AttachingImages, QWidget):
             self.store.update_chat(self.chat_id, system_prompt=text)
             self.chat = self.store.get_chat(self.chat_id)
             self.refresh_context_meter()
+
+    # --- images a text model leaves out ---------------------------------------------------------------------
+
+    def _say_images_left_out(self) -> None:
+        """Tell the user the pictures of this conversation are not in the prompt, and offer a model that sees."""
+        thread = self.store.messages(self.chat_id, before=self._regenerating)
+        count = sum(len(m.images) for m in thread if m.role == "user" and m.column is None)
+        if not count:
+            return
+        pictures = "the 1 image" if count == 1 else f"the {count} images"
+        left_out = "it was left out" if count == 1 else "they were left out"
+        self.show_notice(
+            f"The loaded model cannot see {pictures} in this conversation; {left_out}.",
+            ("Load a vision model…", self.vision_model_wanted.emit),
+        )

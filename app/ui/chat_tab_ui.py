@@ -3,7 +3,7 @@ the tab's (app/ui/chat_tab.py), where they sit is here.
 
     system prompt
     messages (MessageView), or while the chat is empty the welcome (app/ui/welcome.py) in its place
-    notice (an error the user should read) [x]
+    notice (an error the user should read) [its action] [x]
     attachments strip
     input                                   [JSON mode]
     [Attach image…] [context meter.................] [Stop] [Send]
@@ -28,7 +28,7 @@ from app.ui.attachments import AttachmentStrip
 from app.ui.chat_input import ChatInput
 from app.ui.context_meter import ContextMeter
 from app.ui.message_view import MessageView
-from app.ui.welcome import Welcome
+from app.ui.welcome import VISION_PROMPTS, Welcome
 
 
 def build_chat_tab(tab: Any) -> None:
@@ -56,6 +56,10 @@ def build_chat_tab(tab: Any) -> None:
     tab.notice_label.setObjectName("noticeLabel")
     tab.notice_label.setWordWrap(True)
     notice_row.addWidget(tab.notice_label, 1)
+    tab.notice_button = QPushButton()  # what to do about it, when there is something (show_notice's action)
+    tab.notice_button.setVisible(False)
+    tab.notice_button.clicked.connect(tab._notice_action_clicked)
+    notice_row.addWidget(tab.notice_button)
     close = QToolButton(text="✕")
     close.setAutoRaise(True)
     close.setToolTip("Dismiss")
@@ -82,6 +86,8 @@ def build_chat_tab(tab: Any) -> None:
     tab.input.send_requested.connect(tab.send)
     tab.input.image_pasted.connect(tab.attach_image)
     tab.input.files_dropped.connect(tab.attach_files)
+    tab.input.textChanged.connect(tab._draft_edited)
+    tab.strip.changed.connect(tab._draft_edited)
     tab.json_mode_box = QCheckBox("JSON mode")
     tab.json_mode_box.setObjectName("jsonMode")
     tab.json_mode_box.setToolTip(
@@ -129,6 +135,11 @@ def build_chat_tab(tab: Any) -> None:
 
 
 def send_example(tab: Any, text: str) -> None:
-    """A welcome example clicked: it goes through the input and send() like a typed message (same checks)."""
+    """A welcome example clicked: it goes through the input and send() like a typed message (same checks). A
+    question about a picture waits in the input until one is attached: asked of no picture, it means nothing."""
     tab.input.setPlainText(text)
+    if text in VISION_PROMPTS and not tab.strip.attachments():
+        tab.input.setFocus()
+        tab.show_notice("Attach a picture first (drop it here or use Attach image…), then press Enter to ask.")
+        return
     tab.send()

@@ -13,7 +13,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QLabel, QPlainTextEdit, QSplitter, QVBoxLayout, QWidget
 
 from app.service.answer_stats import tokens_per_second
-from app.service.backend import AnswerJob
+from app.service.backend import AnswerChunk, AnswerJob
 from app.service.generation import COMPARE_MAX_NEW_TOKENS, complete_settings, sampler_part
 from app.ui.collapsible_section import CollapsibleSection
 from app.ui.sampler_panel import SamplerPanel
@@ -94,7 +94,7 @@ class CompareColumn(QFrame):
     def preset_name(self) -> str:
         """The preset whose sampler fields equal this column's, or "custom"."""
         mine = sampler_part(self.settings())
-        for preset in self.store.list_presets():
+        for preset in self.store.presets.all():
             if sampler_part(preset.settings) == mine:
                 return preset.name
         return "custom"
@@ -140,11 +140,10 @@ class CompareColumn(QFrame):
         mark(self.stats_label, None)
         self.stats_label.setText(f"seed {run_settings.get('seed')} · waiting for the prompt…")
 
-    def add_result(self, result: dict) -> None:
-        """Take one streaming result: append its text, count its tokens, refresh the live numbers."""
-        text = result.get("text", "")
-        ids = result.get("token_ids")
-        n = int(ids.shape[-1]) if ids is not None else 0
+    def add_result(self, chunk: AnswerChunk) -> None:
+        """Take one chunk of the answer: append its text, count its tokens, refresh the live numbers."""
+        text = chunk["text"]
+        n = chunk["num_tokens"]
         now = time.perf_counter()
         if n:
             if self.first_token_at is None:
@@ -162,18 +161,18 @@ class CompareColumn(QFrame):
         rate = f"{live:.1f} tok/s · " if live is not None else ""
         self.stats_label.setText(f"{rate}{self.num_tokens} tokens · streaming")
 
-    def finish(self, result: dict) -> None:
-        """The job's last result: keep the engine's numbers for this column."""
-        generate_s = float(result.get("time_generate", 0.0))
-        new_tokens = int(result.get("new_tokens", self.num_tokens))
+    def finish(self, chunk: AnswerChunk) -> None:
+        """The answer's last chunk: keep its numbers for this column."""
+        generate_s = float(chunk.get("time_generate", 0.0))
+        new_tokens = int(chunk.get("new_tokens", self.num_tokens))
         self.stats = {
             "new_tokens": new_tokens,
-            "prompt_tokens": int(result.get("prompt_tokens", 0)),
-            "cached_tokens": int(result.get("cached_tokens", 0)),
+            "prompt_tokens": int(chunk.get("prompt_tokens", 0)),
+            "cached_tokens": int(chunk.get("cached_tokens", 0)),
             "tokens_per_second": tokens_per_second(new_tokens, generate_s),
-            "time_prefill": float(result.get("time_prefill", 0.0)),
+            "time_prefill": float(chunk.get("time_prefill", 0.0)),
             "time_generate": generate_s,
-            "eos_reason": result.get("eos_reason"),
+            "eos_reason": chunk.get("eos_reason"),
         }
         self.complete = True
         self._show_stats()

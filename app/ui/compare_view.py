@@ -106,13 +106,13 @@ class CompareView(QWidget):
         layout.addWidget(self.system_edit)
         layout.addLayout(bar)
         layout.addWidget(self.message_label)
-        # Columns keep the width their settings need; on a narrow screen they scroll instead of widening the window
-        # past it.
-        columns_area = QScrollArea()
-        columns_area.setWidgetResizable(True)
-        columns_area.setFrameShape(QFrame.Shape.NoFrame)
-        columns_area.setWidget(self.splitter)
-        layout.addWidget(columns_area, 1)
+        # Folded columns shrink to share the window (their summary lines cut short); unfolded settings keep the
+        # width they need, and on a narrow screen the columns then scroll instead of widening the window past it.
+        self.columns_area = QScrollArea()
+        self.columns_area.setWidgetResizable(True)
+        self.columns_area.setFrameShape(QFrame.Shape.NoFrame)
+        self.columns_area.setWidget(self.splitter)
+        layout.addWidget(self.columns_area, 1)
         self.set_column_count(self.columns_spin.value())
         self.reload_saved()
         self._update_buttons()
@@ -127,9 +127,10 @@ class CompareView(QWidget):
             self.show_message("Stop the running comparison before changing the number of columns.")
             self.columns_spin.setValue(len(self.columns))
             return
-        presets = self.store.list_presets()
+        presets = self.store.presets.all()
         while len(self.columns) < count:
             column = CompareColumn(len(self.columns), self.store)
+            column.settings_section.toggle.setMinimumWidth(1)  # the summary line may be cut; its tooltip is whole
             # Fixed seeds by default: a comparison is about settings, and a re-run should repeat it.
             base = dict(presets[len(self.columns) % len(presets)].settings) if presets else {}
             column.set_settings({**base, "seed": 0, "max_new_tokens": COMPARE_MAX_NEW_TOKENS})
@@ -141,6 +142,12 @@ class CompareView(QWidget):
             column.deleteLater()  # the splitter owns it; Qt frees it once pending events are done
         if self.columns_spin.value() != count:
             self.columns_spin.setValue(count)
+
+    def columns_width(self) -> int:
+        """The window width that shows every column with its summary line whole (the window opens at it, or at
+        the screen's width where that is less)."""
+        margins = self.layout().contentsMargins()
+        return self.splitter.sizeHint().width() + margins.left() + margins.right()
 
     def set_backend(self, backend: Backend) -> None:
         """Run the next comparison on `backend` (a running one ends on its own jobs)."""
@@ -299,12 +306,11 @@ class CompareView(QWidget):
         chat = self.save_to_history()
         if chat is None:
             return None
-        if path.suffix.lower() == ".json":
-            text = json.dumps(self.store.export_json(chat.id), indent=2, ensure_ascii=False)
-        else:
-            text = self.store.export_markdown(chat.id)
         try:
-            path.write_text(text, encoding="utf-8")
+            if path.suffix.lower() == ".json":
+                path.write_text(json.dumps(self.store.export.json(chat.id), indent=2, ensure_ascii=False), "utf-8")
+            else:
+                self.store.export.write_markdown(chat.id, path)  # with its images in a folder beside it
         except OSError as e:
             self.show_message(f"Could not write {path}: {e.strerror or e}. Choose another folder.", error=True)
             return None

@@ -20,6 +20,7 @@ from app.ui.theme import mark
 log = logging.getLogger(__name__)
 
 PROGRESS_STEPS = 1000  # QProgressBar takes ints: fractions are shown in tenths of a percent
+HINT = "Needs an internet connection; the model is saved with your other models."
 
 
 def _emit(signal, *args) -> None:
@@ -79,7 +80,7 @@ class DownloadBox(QGroupBox):
         self.progress = QProgressBar()
         self.progress.setRange(0, PROGRESS_STEPS)
         self.progress.hide()
-        self.label = WrappedLabel("Needs an internet connection; the model is saved with your other models.")
+        self.label = WrappedLabel(HINT)
         row = QHBoxLayout()
         row.addWidget(self.repo_edit, 1)
         row.addWidget(self.button)
@@ -136,6 +137,11 @@ class DownloadBox(QGroupBox):
         self.progress.hide()
         self._set_message(message, error=True)
         self.failed.emit(message)
+
+    def clear_error(self) -> None:
+        """Put the hint back in place of a failed download's message (another model has loaded since)."""
+        if self.label.property("error") and not self.is_downloading():
+            self._set_message(HINT)
 
     def _set_message(self, text: str, error: bool = False) -> None:
         self.label.setText(text)

@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 from PySide6.QtCore import QByteArray, Qt
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QDesktopServices, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
     QInputDialog,
@@ -29,7 +29,9 @@ from PySide6.QtWidgets import (
 )
 
 from app.service.app_server import AppServer
+from app.service.catalog import models_dir
 from app.service.remote_endpoints import saved_endpoint
+from app.ui.about_dialog import AboutDialog, docs_url
 from app.ui.backend_switch import BackendSwitch
 from app.ui.chat_tab import DEFAULT_TITLE, ChatTab
 from app.ui.message_view import warm_up_code_highlighting
@@ -51,6 +53,7 @@ OPEN_TABS_KEY = "ui.open_tabs"
 CURRENT_TAB_KEY = "ui.current_tab"
 GEOMETRY_KEY = "ui.geometry"
 SPLITTER_KEY = "ui.splitter"
+SAMPLER_PANEL_KEY = "ui.sampler_panel_shown"
 
 
 class MainWindow(ChatFiles, ModelSide, QMainWindow):
@@ -138,7 +141,7 @@ class MainWindow(ChatFiles, ModelSide, QMainWindow):
         self.close_action = action(chat, "Close chat", lambda: self.close_tab(self.tabs.currentIndex()), "Ctrl+W")
         self.rename_action = action(chat, "Rename…", lambda: self.ask_rename(self.tabs.currentIndex()), "F2")
         self.stop_action = action(chat, "Stop answer", self._stop_current, Qt.Key.Key_Escape)
-        # On the message with the focus, else the lowest one with versions (app/ui/chat_branches.py).
+        # On the message with the focus, else the lowest one with versions (ChatTab.step_version).
         self.previous_version_action = action(chat, "Previous version", lambda: self._step_version(-1), "Alt+Left")
         self.next_version_action = action(chat, "Next version", lambda: self._step_version(+1), "Alt+Right")
         chat.addSeparator()
@@ -153,16 +156,51 @@ class MainWindow(ChatFiles, ModelSide, QMainWindow):
             action(model, "Model manager…", self.show_model_manager)
         action(model, "Use a remote server…", lambda: ask_remote(self, saved_endpoint(self.store)))
         action(self.menuBar().addMenu("&Server"), "Local server…", self.show_server_panel)
+        view = self.menuBar().addMenu("&View")
+        # Hidden, the chat takes the room; Jan and LM Studio fold their settings the same way.
+        self.sampler_panel_action = action(view, "Sampler settings panel", self.set_sampler_panel_shown, "Ctrl+Shift+S")
+        self.sampler_panel_action.setCheckable(True)
+        self.sampler_panel_action.setChecked(True)
         if _module_exists("app.ui.compare_view"):
-            view = self.menuBar().addMenu("&View")
             action(view, "Compare settings side by side…", self.show_compare_view)
             # Added to the compare window alone (show_compare_view): here Enter belongs to the message box.
             self.compare_run_action = QAction("Run the comparison", self)
             self.compare_run_action.setShortcuts([QKeySequence("Ctrl+Return"), QKeySequence("Ctrl+Enter")])
             self.compare_run_action.setProperty(PLACE_PROPERTY, "Compare window")
             self.compare_run_action.triggered.connect(lambda: self._compare_view and self._compare_view.start())
+            self.compare_close_action = QAction("Close the compare window", self)
+            self.compare_close_action.setShortcut(QKeySequence(Qt.Key.Key_Escape))
+            self.compare_close_action.setProperty(PLACE_PROPERTY, "Compare window")
+            self.compare_close_action.triggered.connect(lambda: self._compare_view and self._compare_view.close())
         help_menu = self.menuBar().addMenu("&Help")
         action(help_menu, "Keyboard shortcuts", self.show_shortcuts, QKeySequence.StandardKey.HelpContents)
+        self.docs_action = action(help_menu, "Documentation", self.open_docs)
+        self.docs_action.setEnabled(docs_url() is not None)
+        action(help_menu, "About Tandem", self.show_about)
+
+    def set_sampler_panel_shown(self, shown: bool) -> None:
+        """Show or hide the sampler settings panel (View menu, Ctrl+Shift+S); remembered between runs."""
+        self.sampler_panel.setVisible(shown)
+        sizes = self.splitter.sizes()
+        if shown and sizes[2] == 0:  # hidden when the layout was saved: it comes back at its usual width
+            panel = max(self.sampler_panel.sizeHint().width(), 300)
+            self.splitter.setSizes([sizes[0], max(sizes[1] - panel, 0), panel])
+        if self.sampler_panel_action.isChecked() != shown:
+            self.sampler_panel_action.setChecked(shown)
+        if not self._restoring:
+            self.store.set_setting(SAMPLER_PANEL_KEY, bool(shown))
+
+    def show_about(self) -> AboutDialog:
+        """Help -> About Tandem: version, models and data folders, licence, docs."""
+        dialog = AboutDialog(models_dir(), self.store.data_dir, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.show()
+        return dialog
+
+    def open_docs(self) -> None:
+        url = docs_url()
+        if url is not None:
+            QDesktopServices.openUrl(url)
 
     def _step_version(self, step: int) -> None:
         tab = self.current_tab()
@@ -206,6 +244,7 @@ class MainWindow(ChatFiles, ModelSide, QMainWindow):
             tab.title_changed.connect(self._title_changed)
             tab.streaming_changed.connect(self._streaming_changed)
             tab.chat_changed.connect(lambda _id: self.sidebar.refresh())
+            tab.vision_model_wanted.connect(self.show_model_manager)
             index = self.tabs.addTab(tab, _short(tab.title))
             self.tabs.setTabToolTip(index, tab.title)
         self.tabs.setCurrentWidget(tab)
@@ -214,7 +253,7 @@ class MainWindow(ChatFiles, ModelSide, QMainWindow):
         return tab
 
     def close_tab(self, index: int) -> None:
-        """Close a tab: its answer is stopped (and kept); a chat with no messages is discarded."""
+        """Close a tab: its answer is stopped (and kept); a chat with no messages and no draft is discarded."""
         tab = self.tabs.widget(index)
         if tab is None:
             return
@@ -225,10 +264,12 @@ class MainWindow(ChatFiles, ModelSide, QMainWindow):
         self._save_tabs()
 
     async def _dispose(self, tab: ChatTab, delete: bool = False) -> None:
+        if not delete:
+            tab.save_draft()  # a chat with only a message being written is kept, with it
         await tab.shutdown()
         tab.deleteLater()
         try:
-            if delete or not self.store.messages(tab.chat_id):
+            if delete or not (self.store.messages(tab.chat_id) or self.store.draft(tab.chat_id)):
                 self.store.delete_chat(tab.chat_id)
         except KeyError:
             pass  # already gone
@@ -259,6 +300,8 @@ class MainWindow(ChatFiles, ModelSide, QMainWindow):
             index = self.tabs.indexOf(tab)
             self.tabs.setTabText(index, ("● " if tab.is_streaming else "") + _short(title))
             self.tabs.setTabToolTip(index, title)
+            if tab is self.current_tab():  # a chat names itself after its first message while it is shown
+                self.setWindowTitle(f"{title} — Tandem")
 
     def _streaming_changed(self, chat_id: int, streaming: bool) -> None:
         tab = self.tab_for(chat_id)
@@ -278,7 +321,7 @@ class MainWindow(ChatFiles, ModelSide, QMainWindow):
             tab.set_settings(settings)
 
     def _default_settings(self) -> dict:
-        presets = {p.name: p.settings for p in self.store.list_presets()}
+        presets = {p.name: p.settings for p in self.store.presets.all()}
         return dict(presets.get("Balanced", {}))
 
     def _stop_current(self) -> None:
@@ -319,6 +362,7 @@ class MainWindow(ChatFiles, ModelSide, QMainWindow):
         current = self.store.get_setting(CURRENT_TAB_KEY)
         opened = False
         self._restoring = True
+        self.set_sampler_panel_shown(self.store.get_setting(SAMPLER_PANEL_KEY, True) is not False)
         for chat_id in self.store.get_setting(OPEN_TABS_KEY, []) or []:
             try:
                 self.open_chat(int(chat_id))

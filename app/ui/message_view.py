@@ -38,6 +38,15 @@ RENDER_SHARE = 1 / 8
 _ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 
 
+ANSWER_LIMIT_MARK = "stopped at the answer limit"
+
+
+def cut_at_limit(stats: dict[str, Any]) -> bool:
+    """Whether an answer ended at its token limit, not by itself: Continue can write on (not a JSON-mode answer,
+    whose grammar would start again)."""
+    return stats.get("eos_reason") == "max_new_tokens" and not stats.get("json_mode")
+
+
 def format_stats(stats: dict[str, Any]) -> str:
     """One line for an answer: tokens, tok/s, time to first token, cached prompt tokens, the share of drafted
     tokens accepted (speculative decoding) and whether a JSON-mode answer is complete (from the eos result)."""
@@ -56,6 +65,8 @@ def format_stats(stats: dict[str, Any]) -> str:
     if stats.get("json_mode") and stats.get("eos_reason"):
         # A JSON-mode answer is valid JSON only when the object closed before the token limit.
         parts.append("JSON cut off at the token limit" if stats["eos_reason"] == "max_new_tokens" else "JSON complete")
+    elif cut_at_limit(stats):
+        parts.append(ANSWER_LIMIT_MARK)  # else it ends mid-sentence with only a token count to say why
     if stats.get("stopped"):
         parts.append("stopped")
     elif stats.get("error"):
@@ -109,8 +120,8 @@ def warm_up_code_highlighting() -> Future[None]:
     """Load the code highlighter on a worker thread, once; the future is done when it is loaded.
 
     The window starts it when it opens, so it is done long before the first answer (a user types first):
-    it takes about 200 ms of pure Python on the 2-core machine, and run while answers stream, it took the
-    GIL from the GUI thread (event-loop stalls of 47-74 ms while four tabs streamed)."""
+    loading it is a long stretch of pure Python, which run while answers stream would take the GIL from the
+    GUI thread and stall the event loop."""
     global _warm_up_done
     with _warm_up_lock:
         if _warm_up_done is None:
@@ -150,6 +161,7 @@ class MessageWidget(QFrame):
 
     edit_requested = Signal(int)
     regenerate_requested = Signal(int)
+    continue_requested = Signal(int)  # write on an answer cut at its token limit
     version_requested = Signal(int, int)  # message id, -1 (the version before) or +1 (the one after)
 
     def __init__(
@@ -191,18 +203,24 @@ class MessageWidget(QFrame):
         self.edit_button.clicked.connect(lambda: self.edit_requested.emit(self.message_id))
         self.regenerate_button = self._tool("Regenerate", "Write this answer again (this one is kept as a version)")
         self.regenerate_button.clicked.connect(lambda: self.regenerate_requested.emit(self.message_id))
-        for button in (self.copy_button, self.edit_button, self.regenerate_button):
+        self.continue_button = self._tool("Continue", "Write on from where the answer stopped, in this same answer")
+        self.continue_button.clicked.connect(lambda: self.continue_requested.emit(self.message_id))
+        for button in (self.copy_button, self.edit_button, self.regenerate_button, self.continue_button):
             header.addWidget(button)
         layout.addLayout(header)
         # only now do the buttons have a parent: showing a parentless widget would open it as a window
         self.edit_button.setVisible(role == "user")
         self.regenerate_button.setVisible(False)
+        self.continue_button.setVisible(False)
+        self.is_cut = False  # ended at its token limit (set_stats)
 
-        # A reasoning model's thinking, apart from its answer (engine.reasoning splits the text).
+        # A reasoning model's thinking, apart from its answer: split by the backend while an answer streams, and
+        # once here for a stored one (engine.reasoning's parser either way).
         self.thinking = ThinkingBlock()
         layout.addWidget(self.thinking)
         # (format, whether the prompt opened the block so the text starts as thinking), kept in the stats
         self._reasoning, self._inside = stored_format(stats) if role == "assistant" else (None, False)
+        self._thinking_text, self._answer = self._split(text)
         self._think_started: float | None = None
         self.thinking_seconds: float | None = (stats or {}).get("thinking_seconds")
         self.body = AutoHeightBrowser()
@@ -255,20 +273,32 @@ class MessageWidget(QFrame):
 
     def set_reasoning_format(self, fmt: Any, inside: bool = False) -> None:
         """How this answer marks its thinking (None: it does not think in tags); `inside`: its prompt opened
-        the block, so the text begins as thinking (the R1 distills)."""
+        the block, so the text begins as thinking (the R1 distills). A streaming answer's split comes with
+        its text (set_text), so only a finished one is split again here."""
         self._reasoning, self._inside = fmt, inside
+        if not self._streaming:
+            self._thinking_text, self._answer = self._split(self._text)
         self._render()
+
+    @property
+    def thinking_text(self) -> str:
+        """The thinking part of the text ("" when there is none)."""
+        return self._thinking_text
 
     @property
     def answer_text(self) -> str:
         """The text without its thinking: what is shown as the answer, copied and exported as it."""
-        return self._split()[1]
+        return self._answer
 
-    def set_text(self, text: str) -> None:
-        """Show `text`; while streaming the Markdown re-render is coalesced to RENDER_INTERVAL_MS."""
+    def set_text(self, text: str, thinking: str | None = None, answer: str | None = None) -> None:
+        """Show `text`, split into `thinking` and `answer` as the backend streamed it (or here, once, when they
+        are not given); while streaming the Markdown re-render is coalesced to RENDER_INTERVAL_MS."""
         self._text = text
+        if thinking is None or answer is None:
+            thinking, answer = self._split(text)
+        self._thinking_text, self._answer = thinking, answer
         if self._streaming and self._reasoning is not None and self.thinking_seconds is None:
-            self._time_thinking(text)
+            self._time_thinking()
         if not self._streaming:
             self._render()
         elif not self._render_timer.isActive():
@@ -285,27 +315,32 @@ class MessageWidget(QFrame):
             _RENDER_QUEUE.add(self)
 
     def set_stats(self, stats: dict[str, Any]) -> None:
+        self.is_cut = self.role == "assistant" and cut_at_limit(stats)
         line = format_stats(stats)
         self.stats_label.setText(line)
         self.stats_label.setVisible(bool(line))
 
-    def set_actions(self, *, can_edit: bool, can_regenerate: bool) -> None:
+    def set_actions(self, *, can_edit: bool, can_regenerate: bool, can_continue: bool = False) -> None:
+        """Which buttons apply now; Continue shows only on an answer cut at its token limit."""
         self.edit_button.setVisible(self.role == "user")
         self.edit_button.setEnabled(can_edit)
         self.regenerate_button.setVisible(can_regenerate)
+        self.continue_button.setVisible(can_continue and self.is_cut)
 
     def copy_text(self) -> None:
         QGuiApplication.clipboard().setText(self.answer_text)
 
-    def _split(self) -> tuple[str, str]:
-        return split(self._text, self._reasoning, self._inside)
+    def _split(self, text: str) -> tuple[str, str]:
+        """(thinking, answer) of a whole text; only an assistant's text with a reasoning format has thinking."""
+        if self.role != "assistant" or self._reasoning is None or not text:
+            return "", text
+        return split(text, self._reasoning, self._inside)
 
-    def _time_thinking(self, text: str) -> None:
-        """Thinking runs from the first streamed text inside the block to its closing tag."""
-        fmt = self._reasoning
-        if self._think_started is None and (self._inside or text.lstrip().startswith(fmt.start)):
+    def _time_thinking(self) -> None:
+        """Thinking runs from its first streamed text to the first text of the answer after it."""
+        if self._think_started is None and self._thinking_text:
             self._think_started = time.monotonic()
-        if self._think_started is not None and fmt.end in text:
+        if self._think_started is not None and self._answer:
             self.thinking_seconds = time.monotonic() - self._think_started
 
     def showEvent(self, event) -> None:  # noqa: N802 (Qt's name)
@@ -319,7 +354,7 @@ class MessageWidget(QFrame):
         if self.role == "user":
             self.body.setPlainText(self._text)  # what the user typed, exactly
         else:
-            reasoning, answer = self._split()
+            reasoning, answer = self._thinking_text, self._answer
             thinking = self._streaming and self._think_started is not None and self.thinking_seconds is None
             self.thinking.set_reasoning(reasoning, thinking, self.thinking_seconds)
             # Code blocks carry their own colours (pygments), so they are picked for the scheme in use.

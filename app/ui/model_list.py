@@ -50,7 +50,7 @@ class ModelList(QListWidget):
         demo = demo_vision_path()
         if (demo / "config.json").is_file():  # absent until the demo model is trained into assets/
             self._add_item(DEMO_VISION_LABEL, str(demo), DEMO_KIND, loaded)
-        for entry in store.list_models():
+        for entry in store.models.all():
             if same_path(entry.path, starter) or same_path(entry.path, demo):
                 continue
             about, problem = describe(entry.path)

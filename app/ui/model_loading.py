@@ -47,6 +47,8 @@ class LoadProgress:
 
     def _on_model_loaded(self, name: str) -> None:
         self._pending = None
+        self.clear_error()  # an earlier failure (a load, a download) is old news once a model is in use
+        self.download_box.clear_error()
         self.progress_bar.setValue(PROGRESS_STEPS)
         self.progress_bar.hide()
         # A GGUF whose projector could not be paired loads text-only: say why pictures will not be seen.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
@@ -64,11 +65,32 @@ def _is_projector(path: Path) -> bool:
         return False
 
 
+# How users know the families the config.json class names stand for; a class not listed reads as its stem.
+_FAMILY_NAMES = {
+    "Gemma3": "Gemma 3",
+    "Llama": "Llama",
+    "Llava": "LLaVA",
+    "Mistral": "Mistral",
+    "Mistral3": "Mistral Small 3.1",
+    "Qwen2_5_VL": "Qwen2.5-VL",
+    "Qwen2VL": "Qwen2-VL",
+    "Idefics3": "Idefics3",
+    "SmolVLM": "SmolVLM",
+}
+
+
+def family_name(architecture: str) -> str:
+    """"Gemma3ForCausalLM" -> "Gemma 3": the family a config.json architecture belongs to."""
+    stem = re.sub(r"For(CausalLM|ConditionalGeneration)$", "", architecture)
+    return _FAMILY_NAMES.get(stem, stem)
+
+
 def supported_text() -> str:
-    """The architectures the engine runs, text and vision, for the dialog's help line."""
+    """The model families the engine runs, text and vision, for the dialog's help line."""
     vision = set(vision_architectures())
-    text = [a for a in supported_architectures() if a not in vision]
-    return f"Runs text models: {', '.join(text)}.\nRuns vision models: {', '.join(sorted(vision))}."
+    text = dict.fromkeys(family_name(a) for a in supported_architectures() if a not in vision)
+    seeing = dict.fromkeys(family_name(a) for a in sorted(vision))
+    return f"Runs text models: {', '.join(text)}.\nRuns vision models: {', '.join(seeing)}."
 
 
 class ModelManager(LoadProgress, QDialog):
@@ -134,7 +156,7 @@ class ModelManager(LoadProgress, QDialog):
         self.fit_button.hide()
 
         # The content scrolls rather than squeezing: a long message (the offline Hugging Face error is five lines)
-        # used to clip the text around it in a dialog as tall as the screen.
+        # would otherwise clip the text around it in a dialog as tall as the screen.
         content = QWidget()
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
@@ -262,7 +284,7 @@ class ModelManager(LoadProgress, QDialog):
             )
             return None
         # Contents are checked when the model loads, where the error can name the exact file at fault.
-        entry = self.store.add_model(str(p.resolve()), name or model_display_name(p), kind)
+        entry = self.store.models.add(str(p.resolve()), name or model_display_name(p), kind)
         self.clear_error()
         self.refresh()
         self.select_path(entry.path)
@@ -276,7 +298,7 @@ class ModelManager(LoadProgress, QDialog):
 
     def remove_model(self, path: str) -> None:
         """Forget a model (its files stay where they are)."""
-        self.store.remove_model(path)
+        self.store.models.remove(path)
         self.refresh()
 
     # --- loading -------------------------------------------------------------------------------------------
@@ -325,7 +347,7 @@ class ModelManager(LoadProgress, QDialog):
         if same_path(path, demo_vision_path()):
             name = DEMO_VISION_NAME  # bundled: loads from disk, no network
         else:
-            name = next((e.name for e in self.store.list_models() if same_path(e.path, path)), None)
+            name = next((e.name for e in self.store.models.all() if same_path(e.path, path)), None)
         self._pending = (path, name or model_display_name(path))
         self.service.load_model(path, name, context)
 

@@ -178,8 +178,8 @@ _COMMON_LANGUAGES = ("python", "bash", "javascript", "typescript", "json", "c", 
 def warm_up() -> None:
     """Import pygments and make the formatters and the common lexers now, for example on a worker thread.
 
-    The first code block otherwise pays for them on the GUI thread while its answer streams (about 30 ms,
-    a visible stutter). Safe to call more than once and from any thread: the results are only cached.
+    The first code block otherwise pays for them on the GUI thread while its answer streams (a visible
+    stutter). Safe to call more than once and from any thread: the results are only cached.
     """
     for dark in (False, True):
         _formatter(dark)

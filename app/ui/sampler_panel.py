@@ -204,7 +204,7 @@ class SamplerPanel(QWidget):
         self.preset_combo.addItem("Choose a preset…", None)
         if self._store is None:
             return
-        for preset in self._store.list_presets():
+        for preset in self._store.presets.all():
             label = preset.name if preset.builtin else f"{preset.name} (mine)"
             self.preset_combo.addItem(label, preset.name)
 
@@ -213,7 +213,7 @@ class SamplerPanel(QWidget):
 
     def apply_preset(self, name: str) -> None:
         """Show the preset's settings over the defaults (seed and answer length kept unless it sets them)."""
-        preset = next((p for p in self._store.list_presets() if p.name == name), None)
+        preset = next((p for p in self._store.presets.all() if p.name == name), None)
         if preset is None:
             raise ValueError(f"no preset named {name!r}; choose one of {self.preset_names()}")
         values = complete_settings(preset.settings)
@@ -230,7 +230,7 @@ class SamplerPanel(QWidget):
             self._show_error("A preset needs a name.")
             return
         try:
-            self._store.save_preset(name, self.settings())
+            self._store.presets.save(name, self.settings())
         except ValueError as e:  # e.g. a built-in preset's name
             self._show_error(str(e))
             return
@@ -239,7 +239,7 @@ class SamplerPanel(QWidget):
 
     def delete_preset(self, name: str) -> None:
         try:
-            self._store.delete_preset(name)
+            self._store.presets.delete(name)
         except (ValueError, KeyError) as e:
             self._show_error(str(e))
             return

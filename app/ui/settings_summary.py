@@ -38,6 +38,18 @@ _NAMES = {
     "dry_sequence_breakers": "DRY breakers",
 }
 _ORDER = list(BASIC_FIELDS) + [f.name for _, fields in GROUPS for f in fields if f.name not in BASIC_FIELDS]
+GREEDY = "greedy"
+# A greedy row (top-k 1 or temperature 0) takes the argmax after penalties, bans and DRY: the sampler skips every
+# step after them (engine/generator/sampler.py), so these fields change nothing and the summary says "greedy".
+_MOOT_WHEN_GREEDY = frozenset(
+    {
+        *("temperature", "temperature_last", "smoothing_factor", "min_temp", "max_temp", "temp_exponent"),
+        *("top_k", "top_p", "top_a", "min_p", "tfs", "typical", "skew"),
+        *("mirostat", "mirostat_tau", "mirostat_eta", "xtc_probability", "xtc_threshold"),
+    }
+)
+# Values that switch a penalty off read as "no ..." rather than as a number.
+_NEUTRAL = {"token_repetition_penalty": 1.0, "token_frequency_penalty": 0.0, "token_presence_penalty": 0.0}
 
 
 def field_name(name: str) -> str:
@@ -57,6 +69,8 @@ def _value(name: str, value: Any) -> str:
 
 
 def _item(name: str, value: Any) -> str:
+    if name in _NEUTRAL and value == _NEUTRAL[name]:
+        return f"no {field_name(name)}"
     if isinstance(value, bool):
         return field_name(name) if value else f"no {field_name(name)}"
     return f"{field_name(name)} {_value(name, value)}"
@@ -72,18 +86,27 @@ def differences(settings: Mapping[str, Any], job_defaults: Mapping[str, Any]) ->
     if "max_new_tokens" in job_defaults and values["max_new_tokens"] != job_defaults["max_new_tokens"]:
         items.append(f"{values['max_new_tokens']} tokens")
     defaults, mine = sampler_part(None), sampler_part(values)
-    items += [_item(name, mine[name]) for name in _ORDER if mine[name] != defaults[name]]
+    greedy = mine["top_k"] == 1 or mine["temperature"] == 0
+    if greedy:
+        items.append(GREEDY)
+    moot = _MOOT_WHEN_GREEDY if greedy else frozenset()
+    items += [_item(name, mine[name]) for name in _ORDER if mine[name] != defaults[name] and name not in moot]
     return items
 
 
 def summary(settings: Mapping[str, Any], preset: str | None, job_defaults: Mapping[str, Any]) -> str:
     """One line: `preset` (None: "Custom") and the first SHOWN_FIELDS differences, "+N more" for the rest."""
-    items = differences(settings, job_defaults)
+    items = _besides(preset, differences(settings, job_defaults))
     shown = items[:SHOWN_FIELDS] + ([f"+{len(items) - SHOWN_FIELDS} more"] if len(items) > SHOWN_FIELDS else [])
     return " · ".join([preset or CUSTOM, *shown])
 
 
 def full_summary(settings: Mapping[str, Any], preset: str | None, job_defaults: Mapping[str, Any]) -> str:
     """Every difference, one a line under the preset's name (the folded line's tooltip)."""
-    items = differences(settings, job_defaults) or ["the defaults"]
+    items = _besides(preset, differences(settings, job_defaults)) or ["the defaults"]
     return "\n".join([preset or CUSTOM, *items])
+
+
+def _besides(preset: str | None, items: list[str]) -> list[str]:
+    """The items without one that only repeats the preset's name (the Greedy preset is greedy)."""
+    return [item for item in items if preset is None or item != preset.lower()]

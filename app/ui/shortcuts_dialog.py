@@ -1,8 +1,9 @@
 """Help -> Keyboard shortcuts: every key the window answers to, read from its actions, so the list cannot drift.
 
 Two sources:
-- the window's QActions (menus, Esc to stop, Ctrl+Enter in the compare window): their shortcuts() as set
-  in code; an action used outside the main window names its place in the PLACE_PROPERTY property;
+- the window's own QActions (menus, Esc to stop, Ctrl+Enter in the compare window): their shortcuts() as set
+  in code; an action used outside the main window names its place in the PLACE_PROPERTY property. Only the
+  window's direct children: a file dialog it opened keeps its own unnamed actions (Ctrl+Shift+H, Ctrl+Up);
 - keys a widget handles in its own keyPressEvent (Enter and Shift+Enter in the message box), which no
   action describes: WIDGET_KEYS, checked against the widgets' behaviour by the tests.
 """
@@ -44,9 +45,9 @@ WIDGET_KEYS = (
 
 
 def action_shortcuts(window: QWidget, fmt: QKeySequence.SequenceFormat = QKeySequence.SequenceFormat.NativeText):
-    """The shortcuts of every QAction that `window` owns (its menus' too), in the order they were made."""
+    """The shortcuts of the QActions `window` made for itself (its menus' too), in the order they were made."""
     found: list[Shortcut] = []
-    for action in window.findChildren(QAction):
+    for action in window.findChildren(QAction, options=Qt.FindChildOption.FindDirectChildrenOnly):
         sequences = [s for s in action.shortcuts() if not s.isEmpty()]
         if not sequences:
             continue

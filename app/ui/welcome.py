@@ -1,7 +1,9 @@
 """Welcome: what an empty chat shows in place of its (empty) message view.
 
 It names the loaded model and what it can do (whether it sees images), offers three example prompts that
-send at a click, and for a vision model says a picture can be dropped here. It reads the tab's backend only
+send at a click, and for a vision model says a picture can be dropped here. A vision model's examples are
+questions about a picture (describe, count, name a colour: what the bundled demo vision model was trained on);
+the tab asks for the picture before sending one. It reads the tab's backend only
 through the Backend protocol (name, is_loaded, can_see_images), so a remote server's model is welcomed the
 same way.
 
@@ -24,6 +26,12 @@ EXAMPLE_PROMPTS = (
     "Write a four-line poem about the sea.",
     "Explain in two sentences why the sky is blue.",
     "Give me three ideas for a rainy Sunday.",
+)
+# Questions about a picture, as the demo vision model learnt them (tools/demo_vision/shapes.py).
+VISION_PROMPTS = (
+    "Describe this image.",
+    "How many shapes are there?",
+    "What colour is the circle?",
 )
 DROP_HINT = "Drop a picture here (or use Attach image…) and ask about it."
 
@@ -59,8 +67,8 @@ class Welcome(QWidget):
         for text in EXAMPLE_PROMPTS:
             button = QPushButton(text)
             button.setToolTip("Send this as your first message")
-            # Bind the text now: a lambda over the loop variable would send the last example from every button.
-            button.clicked.connect(lambda _checked=False, text=text: self.prompt_chosen.emit(text))
+            # Bind the button now: a lambda over the loop variable would send the last example from every button.
+            button.clicked.connect(lambda _checked=False, button=button: self.prompt_chosen.emit(button.text()))
             layout.addWidget(button, 0, Qt.AlignmentFlag.AlignHCenter)
             self.example_buttons.append(button)
         layout.addSpacing(12)
@@ -86,7 +94,9 @@ class Welcome(QWidget):
             sees = False
             self.title_label.setText("No model is loaded yet")
             self.abilities_label.setText("Wait for it to load, or open one from the Model menu.")
-        for button in self.example_buttons:
+        for button, text in zip(self.example_buttons, VISION_PROMPTS if sees else EXAMPLE_PROMPTS):
+            button.setText(text)
+            button.setToolTip("Ask this about a picture you attach" if sees else "Send this as your first message")
             button.setEnabled(loaded)  # with no model a click could only be refused
         self.drop_hint.setVisible(sees)
         self.setVisible(not has_messages)

@@ -7,9 +7,11 @@ import json
 import re
 from pathlib import Path
 
-from PySide6.QtWidgets import QFileDialog, QMessageBox
+from PySide6.QtWidgets import QCheckBox, QFileDialog, QGridLayout, QMessageBox
 
 from app.ui.tasks import spawn
+
+EXPORT_STATS_KEY = "export.include_stats"  # the Markdown export dialog's checkbox, as last left
 
 
 class ChatFiles:
@@ -43,7 +45,9 @@ class ChatFiles:
             self.store.delete_chat(chat_id)
             self.sidebar.refresh()
 
-    def ask_export_chat(self, chat_id: int, fmt: str) -> None:
+    def ask_export_chat(self, chat_id: int, fmt: str) -> QFileDialog:
+        """Ask where to export (a Markdown export also asks whether to include the answers' statistics);
+        returns the (non-blocking) dialog."""
         title = self.store.get_chat(chat_id).title
         suffix = ".md" if fmt == "markdown" else ".json"
         name = re.sub(r"[^\w\- ]+", "", title).strip() or "chat"
@@ -51,19 +55,36 @@ class ChatFiles:
         dialog.setAcceptMode(QFileDialog.AcceptMode.AcceptSave)
         dialog.setNameFilter("Markdown (*.md)" if fmt == "markdown" else "JSON (*.json)")
         dialog.setDefaultSuffix(suffix[1:])
-        dialog.fileSelected.connect(lambda path: self.export_chat(chat_id, fmt, path))
+        stats = None
+        if fmt == "markdown":
+            dialog.setOption(QFileDialog.Option.DontUseNativeDialog)  # a platform's dialog takes no extra widget
+            stats = QCheckBox("Include each answer's statistics (tokens, speed, stop reason)", dialog)
+            stats.setChecked(bool(self.store.get_setting(EXPORT_STATS_KEY, False)))
+            layout = dialog.layout()
+            if isinstance(layout, QGridLayout):
+                layout.addWidget(stats, layout.rowCount(), 0, 1, layout.columnCount())
+            else:
+                layout.addWidget(stats)
+        dialog.fileSelected.connect(lambda path: self._export_chosen(chat_id, fmt, path, stats))
         dialog.open()
+        return dialog
 
-    def export_chat(self, chat_id: int, fmt: str, path: str | Path) -> bool:
-        """Write the chat to `path` as Markdown or JSON; a failure is shown in the status bar."""
+    def _export_chosen(self, chat_id: int, fmt: str, path: str, stats: QCheckBox | None) -> None:
+        if stats is not None:
+            self.store.set_setting(EXPORT_STATS_KEY, stats.isChecked())  # the dialog's next default
+        self.export_chat(chat_id, fmt, path, include_stats=stats is not None and stats.isChecked())
+
+    def export_chat(self, chat_id: int, fmt: str, path: str | Path, include_stats: bool = False) -> bool:
+        """Write the chat to `path` as Markdown (its images in a folder beside it, statistics when asked) or
+        JSON; a failure is shown in the status bar."""
         try:
             if fmt == "markdown":
-                content = self.store.export_markdown(chat_id)
+                self.store.export.write_markdown(chat_id, path, include_stats=include_stats)
             elif fmt == "json":
-                content = json.dumps(self.store.export_json(chat_id), indent=2, ensure_ascii=False)
+                content = json.dumps(self.store.export.json(chat_id), indent=2, ensure_ascii=False)
+                Path(path).write_text(content, encoding="utf-8")
             else:
                 raise ValueError(f"unknown export format {fmt!r}; use 'markdown' or 'json'")
-            Path(path).write_text(content, encoding="utf-8")
         except (OSError, ValueError) as e:
             self.show_error(f"Could not export to {path}: {e}")
             return False

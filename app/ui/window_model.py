@@ -45,8 +45,9 @@ class ModelSide:
             self._compare_view = CompareView(self.store, self.backends.current, self)
             self._compare_view.setWindowFlag(Qt.WindowType.Window)
             self._compare_view.setWindowTitle("Compare — Tandem")
-            self._compare_view.resize(_fitted(self, 1200, 700))
+            self._compare_view.resize(_fitted(self, self._compare_view.columns_width(), 700))
             self._compare_view.addAction(self.compare_run_action)
+            self._compare_view.addAction(self.compare_close_action)
         self._compare_view.show()
         self._compare_view.raise_()
 

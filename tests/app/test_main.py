@@ -291,7 +291,7 @@ def json_chat_open_last(data: Path) -> tuple[int, dict, dict]:
         store.add_message(chat.id, "assistant", '{"a": 1}', settings=settings)
         store.set_setting(OPEN_TABS_KEY, [chat.id])
         store.set_setting(CURRENT_TAB_KEY, chat.id)
-        defaults = next(p.settings for p in store.list_presets() if p.name == "Balanced")
+        defaults = next(p.settings for p in store.presets.all() if p.name == "Balanced")
     return chat.id, settings, defaults
 
 
@@ -356,16 +356,16 @@ def _main_windows(qapp) -> int:
 
 
 def test_a_disk_full_at_start_ends_with_a_message_not_a_traceback(qapp, tiny_folder, tmp_path, monkeypatch, capsys):
-    # the window saves a first chat as it opens; a disk that refuses it used to end the app with a traceback
+    # the window saves a first chat as it opens; a disk that refuses it must not end the app with a traceback
     from app.store import StoreError
-    from app.store.chats import ChatsMixin
+    from app.store.store import Store
 
     monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path))
 
     def full(*args, **kwargs):
         raise StoreError("database or disk is full.")
 
-    monkeypatch.setattr(ChatsMixin, "create_chat", full)
+    monkeypatch.setattr(Store, "create_chat", full)
     assert main(["--model", str(tiny_folder), "--prompt", "hi", "--quit-after-answer"]) == 1
     err = capsys.readouterr().err
     assert "could not write to its data file: database or disk is full" in err and "Traceback" not in err

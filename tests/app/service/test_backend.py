@@ -37,13 +37,14 @@ def test_the_local_engine_and_a_remote_server_are_backends(local):
 
 def test_start_answer_streams_what_start_job_gives_for_the_same_prompt(loop, local):
     encoded_on: list[int] = []
-    encode = local.encode_chat
+    answering = local.local_backend  # EngineService answers through its LocalBackend
+    encode = answering.encode_chat
 
     def spy(*args):
         encoded_on.append(threading.get_ident())
         return encode(*args)
 
-    local.encode_chat = spy
+    answering.encode_chat = spy
 
     async def answer():
         job = await local.start_answer(CHAT, "Be brief.", [], GREEDY, identifier="tab-1")
@@ -52,7 +53,7 @@ def test_start_answer_streams_what_start_job_gives_for_the_same_prompt(loop, loc
 
     results = run(loop, answer())
     assert encoded_on and threading.get_ident() not in encoded_on  # the template ran off the calling thread
-    local.encode_chat = encode
+    answering.encode_chat = encode
     ids = encode(CHAT, "Be brief.")
 
     async def direct():

@@ -161,8 +161,8 @@ def test_unknown_ids_raise_key_error_with_clear_message(store):
         lambda: store.delete_chat(42),
         lambda: store.messages(42),
         lambda: store.add_message(42, "user", "hi"),
-        lambda: store.export_markdown(42),
-        lambda: store.export_json(42),
+        lambda: store.export.markdown(42),
+        lambda: store.export.json(42),
     ):
         with pytest.raises(NotFoundError) as info:
             call()

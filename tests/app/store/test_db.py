@@ -28,9 +28,9 @@ def versions(path) -> list[int]:
         raw.close()
 
 
-def test_new_file_is_wal_with_foreign_keys_and_version_3(store):
-    assert store.schema_version == 3 == len(MIGRATIONS)  # 2: the search index, 3: message versions
-    assert versions(store.path) == [1, 2, 3]
+def test_new_file_is_wal_with_foreign_keys_and_version_4(store):
+    assert store.schema_version == 4 == len(MIGRATIONS)  # 2: the search index, 3: message versions, 4: drafts
+    assert versions(store.path) == [1, 2, 3, 4]
     raw = sqlite3.connect(store.path)
     assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     raw.close()
@@ -42,7 +42,7 @@ def test_reopening_does_not_migrate_again(tmp_path):
     path = tmp_path / "t.sqlite3"
     Store(path).close()
     Store(path).close()
-    assert versions(path) == [1, 2, 3]
+    assert versions(path) == [1, 2, 3, 4]
 
 
 def test_migration_path_upgrades_an_existing_file_and_keeps_data(tmp_path):
@@ -53,31 +53,31 @@ def test_migration_path_upgrades_an_existing_file_and_keeps_data(tmp_path):
         sha = v1.add_attachment(b"img", "png")
         message = v1.add_message(pinned.id, "user", "hello", images=[sha], stats={"n": 1})
         v1.set_setting("window", [1, 2, 3, 4])
-        v1.save_preset("mine", {"temperature": 0.4})
-    assert versions(path) == [1, 2, 3]
+        v1.presets.save("mine", {"temperature": 0.4})
+    assert versions(path) == [1, 2, 3, 4]
 
     with StoreV2(path) as v2:
-        assert v2.schema_version == 4
+        assert v2.schema_version == 5
         assert [c.id for c in v2.list_chats()] == [pinned.id, other.id]
         assert v2.messages(pinned.id) == [message]
         assert v2.get_setting("window") == [1, 2, 3, 4]
-        assert [p.name for p in v2.list_presets() if not p.builtin] == ["mine"]
+        assert [p.name for p in v2.presets.all() if not p.builtin] == ["mine"]
         v2.add_message(other.id, "user", "written after the upgrade")
-    assert versions(path) == [1, 2, 3, 4]
+    assert versions(path) == [1, 2, 3, 4, 5]
     raw = sqlite3.connect(path)
     assert dict(raw.execute("SELECT title, pinned FROM chats").fetchall()) == {"Pin me": 1, "Other": 0}
     raw.close()
 
-    with StoreV2(path) as reopened:  # already at 4: nothing runs twice
+    with StoreV2(path) as reopened:  # already at 5: nothing runs twice
         assert reopened.messages(other.id)[0].text == "written after the upgrade"
-    assert versions(path) == [1, 2, 3, 4]
+    assert versions(path) == [1, 2, 3, 4, 5]
 
 
 def test_failed_migration_leaves_the_file_at_its_version(tmp_path):
     def half_done(conn: sqlite3.Connection) -> None:
         conn.execute("CREATE TABLE tags (name TEXT)")
         conn.execute("DELETE FROM messages")
-        raise RuntimeError("bug in migration 4")
+        raise RuntimeError("bug in migration 5")
 
     class BrokenV2(Store):
         migrations = (*MIGRATIONS, half_done)
@@ -86,9 +86,9 @@ def test_failed_migration_leaves_the_file_at_its_version(tmp_path):
     with Store(path) as v1:
         chat = v1.create_chat("Survives")
         v1.add_message(chat.id, "user", "still here")
-    with pytest.raises(StoreError, match="schema version 4.*bug in migration 4.*left at version 3"):
+    with pytest.raises(StoreError, match="schema version 5.*bug in migration 5.*left at version 4"):
         BrokenV2(path)
-    assert versions(path) == [1, 2, 3]
+    assert versions(path) == [1, 2, 3, 4]
     with Store(path) as again:
         assert [m.text for m in again.messages(chat.id)] == ["still here"]
         assert not again._db.rows("SELECT name FROM sqlite_master WHERE name = 'tags'")
@@ -99,9 +99,9 @@ def test_newer_schema_version_is_refused(tmp_path):
     with StoreV2(path) as v2:
         v2.create_chat("from the future")
     before = path.read_bytes()
-    with pytest.raises(StoreError, match=r"newer Tandem \(schema version 4; this Tandem knows up to 3\)"):
+    with pytest.raises(StoreError, match=r"newer Tandem \(schema version 5; this Tandem knows up to 4\)"):
         Store(path)
-    assert versions(path) == [1, 2, 3, 4]
+    assert versions(path) == [1, 2, 3, 4, 5]
     assert path.read_bytes() == before
 
 

@@ -61,7 +61,7 @@ def fill_v2(store: Store) -> dict[str, int]:
 
     empty = store.create_chat("Nothing yet")
     store.set_setting("window.geometry", [10, 20, 800, 600])
-    store.save_preset("Mine", {"temperature": 0.3})
+    store.presets.save("Mine", {"temperature": 0.3})
     return {
         "vision": vision.id,
         "json": json_chat.id,
@@ -110,7 +110,7 @@ def test_upgrading_keeps_every_chat_message_attachment_and_setting(tmp_path):
     files = {p.name: p.read_bytes() for p in (tmp_path / "attachments").iterdir()}
 
     with Store(path) as store:
-        assert store.schema_version == 3
+        assert store.schema_version == len(MIGRATIONS)  # through message versions (3) and on
         assert {"parent_id", "selected_at"} <= set(columns(path, "messages"))
         chats = {c.id: c for c in store.list_chats()}
         assert [(c[0], c[1], c[2], c[3], c[4], c[5], c[6]) for c in before["chats"]] == [
@@ -132,7 +132,7 @@ def test_upgrading_keeps_every_chat_message_attachment_and_setting(tmp_path):
             for sha in message.images:
                 assert store.attachment_path(sha).read_bytes() == files[store.attachment_path(sha).name]
         assert store.get_setting("window.geometry") == [10, 20, 800, 600]
-        assert [p.settings for p in store.list_presets() if p.name == "Mine"] == [{"temperature": 0.3}]
+        assert [p.settings for p in store.presets.all() if p.name == "Mine"] == [{"temperature": 0.3}]
         assert store.messages(chat_ids["empty"]) == []
         assert store.search_chats("blue square")[0].chat.id == chat_ids["vision"]
 

@@ -17,11 +17,11 @@ NOT_IN_PRESETS = {"token_bias", "disallowed_tokens", "cfg_scale"}
 
 
 def builtins(store) -> dict[str, dict]:
-    return {p.name: p.settings for p in store.list_presets() if p.builtin}
+    return {p.name: p.settings for p in store.presets.all() if p.builtin}
 
 
 def test_builtins_come_first_in_file_order(store):
-    presets = store.list_presets()
+    presets = store.presets.all()
     assert [p.name for p in presets] == BUILTIN_NAMES
     assert all(isinstance(p, Preset) and p.builtin for p in presets)
 
@@ -46,29 +46,29 @@ def test_builtin_values_are_what_users_expect(store):
 
 
 def test_user_presets_save_list_overwrite_delete(store):
-    store.save_preset("zesty", {"temperature": 1.3, "min_p": 0.1})
-    store.save_preset("Alpha", {"temperature": 0.5, "seed": 42, "max_new_tokens": 256})
-    presets = store.list_presets()
+    store.presets.save("zesty", {"temperature": 1.3, "min_p": 0.1})
+    store.presets.save("Alpha", {"temperature": 0.5, "seed": 42, "max_new_tokens": 256})
+    presets = store.presets.all()
     assert [p.name for p in presets] == BUILTIN_NAMES + ["Alpha", "zesty"]
     assert presets[-2] == Preset("Alpha", {"temperature": 0.5, "seed": 42, "max_new_tokens": 256}, False)
-    store.save_preset("zesty", {"temperature": 1.1})
-    assert store.list_presets()[-1] == Preset("zesty", {"temperature": 1.1}, False)
+    store.presets.save("zesty", {"temperature": 1.1})
+    assert store.presets.all()[-1] == Preset("zesty", {"temperature": 1.1}, False)
     store.close()
     with Store(store.path) as again:
-        assert [p.name for p in again.list_presets() if not p.builtin] == ["Alpha", "zesty"]
-        again.delete_preset("Alpha")
-        assert [p.name for p in again.list_presets()] == BUILTIN_NAMES + ["zesty"]
+        assert [p.name for p in again.presets.all() if not p.builtin] == ["Alpha", "zesty"]
+        again.presets.delete("Alpha")
+        assert [p.name for p in again.presets.all()] == BUILTIN_NAMES + ["zesty"]
         with pytest.raises(KeyError, match="no user preset named 'Alpha'"):
-            again.delete_preset("Alpha")
+            again.presets.delete("Alpha")
 
 
 def test_builtins_cannot_be_deleted_or_shadowed(store):
     for name in ("Balanced", "balanced"):
         with pytest.raises(ValueError, match="built-in"):
-            store.delete_preset(name)
+            store.presets.delete(name)
         with pytest.raises(ValueError, match="built-in"):
-            store.save_preset(name, {"temperature": 0.1})
-    assert [p.name for p in store.list_presets()] == BUILTIN_NAMES
+            store.presets.save(name, {"temperature": 0.1})
+    assert [p.name for p in store.presets.all()] == BUILTIN_NAMES
 
 
 @pytest.mark.parametrize(
@@ -86,12 +86,12 @@ def test_builtins_cannot_be_deleted_or_shadowed(store):
 )
 def test_bad_user_presets_refused(store, name, settings, match):
     with pytest.raises(ValueError, match=match):
-        store.save_preset(name, settings)
-    assert all(p.builtin for p in store.list_presets())
+        store.presets.save(name, settings)
+    assert all(p.builtin for p in store.presets.all())
 
 
 def test_returned_settings_are_copies(store):
-    store.list_presets()[1].settings["temperature"] = 99.0
+    store.presets.all()[1].settings["temperature"] = 99.0
     assert builtins(store)["Balanced"]["temperature"] == 0.7
 
 
@@ -109,7 +109,7 @@ def test_broken_presets_file_is_a_store_error(tmp_path, content):
     bad.write_text(content)
     with Store(tmp_path / "t.sqlite3", builtin_presets=bad) as store:
         with pytest.raises(StoreError, match="presets"):
-            store.list_presets()
+            store.presets.all()
     with Store(tmp_path / "u.sqlite3", builtin_presets=tmp_path / "missing.json") as store:
         with pytest.raises(StoreError, match="missing.json"):
-            store.list_presets()
+            store.presets.all()

@@ -50,26 +50,26 @@ def test_bad_setting_key(store):
 
 
 def test_models_add_list_remove(store, tmp_path):
-    first = store.add_model(str(tmp_path / "SmolLM2-135M"))
-    second = store.add_model("Qwen/Qwen3-0.6B", name="Qwen3 0.6B", kind="hub")
+    first = store.models.add(str(tmp_path / "SmolLM2-135M"))
+    second = store.models.add("Qwen/Qwen3-0.6B", name="Qwen3 0.6B", kind="hub")
     assert isinstance(first, ModelEntry)
     assert (first.name, first.kind) == ("SmolLM2-135M", "local")
-    assert store.list_models() == [first, second]
-    again = store.add_model(first.path, name="Smol", kind="gguf")
+    assert store.models.all() == [first, second]
+    again = store.models.add(first.path, name="Smol", kind="gguf")
     assert (again.name, again.kind, again.added_at) == ("Smol", "gguf", first.added_at)
-    assert store.add_model(first.path).name == "Smol"  # no name given keeps the chosen one
-    assert [m.path for m in store.list_models()] == [first.path, second.path]
-    store.remove_model(first.path)
-    assert store.list_models() == [second]
+    assert store.models.add(first.path).name == "Smol"  # no name given keeps the chosen one
+    assert [m.path for m in store.models.all()] == [first.path, second.path]
+    store.models.remove(first.path)
+    assert store.models.all() == [second]
     with pytest.raises(KeyError, match="no model"):
-        store.remove_model(first.path)
+        store.models.remove(first.path)
     store.close()
     with Store(store.path) as again:
-        assert again.list_models() == [second]
+        assert again.models.all() == [second]
 
 
 @pytest.mark.parametrize("kwargs", [{"path": ""}, {"path": "x", "name": ""}, {"path": "x", "kind": ""}, {"path": None}])
 def test_add_model_bad_input(store, kwargs):
     with pytest.raises(ValueError):
-        store.add_model(**kwargs)
-    assert store.list_models() == []
+        store.models.add(**kwargs)
+    assert store.models.all() == []

@@ -50,7 +50,7 @@ def test_an_answer_the_disk_refuses_stays_and_is_saved_once_there_is_room(
     async def go():
         tab.input.setPlainText("Count to ten")
         assert tab.send()
-        await ui.wait_idle(window)  # before, the failed final save raised and the tab answered forever
+        await ui.wait_idle(window)  # a failed final save must not leave the tab answering forever
         shown = tab.message_widgets()[-1].text
         assert shown and not tab.is_streaming
         assert "Could not save this answer" in tab.notice_text() and "database or disk is full" in tab.notice_text()
@@ -121,8 +121,9 @@ def test_an_answer_the_disk_refuses_to_start_is_cancelled_and_explained(
 
     monkeypatch.setattr(app_store, "add_message", add_message)
     jobs = []
-    real_start = engine_service.start_job
-    monkeypatch.setattr(engine_service, "start_job", lambda *a, **k: jobs.append(real_start(*a, **k)) or jobs[-1])
+    local = engine_service.local_backend  # every local answer's job is started by its _start
+    real_start = local._start
+    monkeypatch.setattr(local, "_start", lambda *a, **k: jobs.append(real_start(*a, **k)) or jobs[-1])
 
     async def go():
         tab.input.setPlainText("Hello")

@@ -225,7 +225,7 @@ def test_dropping_files_on_the_chat(window, run, ui, tmp_path):
 
 
 def test_a_refusal_clears_once_a_good_image_is_attached(window, run, tmp_path):
-    # "not an image" used to stay on screen after the user attached a good picture instead
+    # "not an image" must not stay on screen once the user attaches a good picture instead
     tab = window.current_tab()
     (tmp_path / "notes.png").write_bytes(b"this is text, not a picture\n")
     (tmp_path / "good.png").write_bytes(png_bytes())

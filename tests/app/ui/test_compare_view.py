@@ -82,7 +82,7 @@ def direct_text(service, settings: dict, seed: int, max_new_tokens: int) -> str:
 
 
 def test_three_presets_match_direct_runs_share_the_prompt_and_repeat(run, view, store, service):
-    presets = store.list_presets()[:3]
+    presets = store.presets.all()[:3]
     assert len(presets) == 3
     seeds = [11, 22, 33]
     configure(view, presets, seeds)
@@ -123,7 +123,7 @@ def test_three_presets_match_direct_runs_share_the_prompt_and_repeat(run, view, 
 
 
 def test_save_to_history_and_export_hold_every_column(run, qtbot, view, store, service, tmp_path):
-    presets = store.list_presets()
+    presets = store.presets.all()
     configure(view, presets[1:3], [5, 6], max_new_tokens=12)
     assert view.save_to_history() is None  # nothing run yet
     assert run(view.run())
@@ -166,7 +166,7 @@ def test_save_to_history_and_export_hold_every_column(run, qtbot, view, store, s
 
 @pytest.mark.parametrize("count", [2, 4])
 def test_two_and_four_columns_run(run, view, store, count):
-    presets = store.list_presets()
+    presets = store.presets.all()
     configure(view, [presets[i % len(presets)] for i in range(count)], list(range(count)), max_new_tokens=8)
     assert len(view.columns) == count
     assert sum(view.splitter.widget(i).isVisible() for i in range(view.splitter.count())) == count
@@ -202,7 +202,7 @@ def test_no_model_loaded_says_so(run, qtbot, store):
 
 
 def test_stop_keeps_what_was_written(run, view, store, service):
-    presets = store.list_presets()
+    presets = store.presets.all()
     configure(view, presets[:2], [1, 2], max_new_tokens=400)
     for column in view.columns:  # no end-of-turn token: the columns are still running when Stop comes
         column.set_settings({**column.settings(), "disallowed_tokens": sorted(service.tokenizer.eos_token_ids)})
@@ -246,7 +246,7 @@ def test_starter_model_screenshot(run, qtbot, starter_gguf, store):
     qtbot.addWidget(v)
     v.resize(1400, 760)
     v.show()
-    presets = {p.name: p for p in store.list_presets()}
+    presets = {p.name: p for p in store.presets.all()}
     configure(v, [presets["Greedy"], presets["Balanced"], presets["Creative"]], [0, 0, 0], max_new_tokens=32)
     v.set_prompt("Write one sentence about riding a tandem bicycle.", STARTER_SYSTEM_PROMPT)
     try:

@@ -125,7 +125,8 @@ def test_format_stats_reports_drafts_and_json_mode():
     assert format_stats(done) == "9 tokens · JSON complete"
     cut = {**done, "eos_reason": "max_new_tokens"}
     assert format_stats(cut) == "9 tokens · JSON cut off at the token limit"
-    assert format_stats({**cut, "json_mode": False}) == "9 tokens"  # a plain answer's limit is not news
+    # a plain answer cut by its limit ended mid-sentence with only "9 tokens" as a hint: it says why (Continue)
+    assert format_stats({**cut, "json_mode": False}) == "9 tokens · stopped at the answer limit"
 
 
 class _Browser(QObject):

@@ -1,5 +1,5 @@
 """A model that will not fit in free memory is refused before loading, with what to do, and the window offers
-the longest context that fits (issue [J], "In the app").
+the longest context that fits.
 
 The model is a real GGUF written by tools/make_bench_model.py (2 layers, hidden 256, the starter's vocabulary,
 a 131,072-token context); the free memory is a figure handed to the real EngineService (its `free_memory`

@@ -161,7 +161,7 @@ def test_builtin_presets_apply(panel, app_store):
     panel.seed_spin.setValue(99)
     emitted = []
     panel.settings_changed.connect(emitted.append)
-    for preset in app_store.list_presets()[:4]:
+    for preset in app_store.presets.all()[:4]:
         panel.preset_combo.setCurrentIndex(panel.preset_combo.findData(preset.name))
         panel.preset_combo.activated.emit(panel.preset_combo.currentIndex())
         shown = panel.settings()
@@ -170,7 +170,7 @@ def test_builtin_presets_apply(panel, app_store):
         assert shown["seed"] == 99  # presets without a seed keep the chosen one
         assert emitted[-1] == shown
     assert sampler_settings(panel.settings()).top_k == next(
-        p for p in app_store.list_presets() if p.name == "Precise"
+        p for p in app_store.presets.all() if p.name == "Precise"
     ).settings.get("top_k", SamplerSettings().top_k)
 
 
@@ -179,7 +179,7 @@ def test_user_presets_save_apply_delete(panel, app_store):
     type_into(panel, "top_k", 7)
     panel.save_preset("  Mine  ")
     assert "Mine" in panel.preset_names()
-    saved = next(p for p in app_store.list_presets() if p.name == "Mine")
+    saved = next(p for p in app_store.presets.all() if p.name == "Mine")
     assert not saved.builtin and saved.settings["temperature"] == pytest.approx(0.42)
     type_into(panel, "temperature", 1.5)
     panel.apply_preset("Mine")
@@ -193,7 +193,7 @@ def test_user_presets_save_apply_delete(panel, app_store):
     assert "built-in" in panel.error_label.text() and "Balanced" in panel.preset_names()
     panel.delete_preset("Mine")
     assert "Mine" not in panel.preset_names()
-    assert [p.name for p in app_store.list_presets()] == ["Greedy", "Balanced", "Creative", "Precise"]
+    assert [p.name for p in app_store.presets.all()] == ["Greedy", "Balanced", "Creative", "Precise"]
     with pytest.raises(ValueError, match="no preset named"):
         panel.apply_preset("Mine")
 

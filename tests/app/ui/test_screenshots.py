@@ -46,7 +46,7 @@ def test_main_window_with_two_chats(app_store, screenshot_service, run, ui):
     service, max_new_tokens = screenshot_service
     window = ui.open_window(app_store, service)
     try:
-        balanced = next(p for p in app_store.list_presets() if p.name == "Balanced").settings
+        balanced = next(p for p in app_store.presets.all() if p.name == "Balanced").settings
         settings = complete_settings({**balanced, "seed": 1234, "max_new_tokens": max_new_tokens})
         tabs = [window.current_tab()]
         tabs[0].set_settings(settings)

@@ -118,11 +118,11 @@ def test_export_markdown_and_json(window, app_store, tmp_path):
     _, cooking, _ = make_chats(app_store)
     md = tmp_path / "chat.md"
     assert window.export_chat(cooking.id, "markdown", md)
-    assert md.read_text(encoding="utf-8") == app_store.export_markdown(cooking.id)
+    assert md.read_text(encoding="utf-8") == app_store.export.markdown(cooking.id)
     assert "About nine minutes" in md.read_text(encoding="utf-8")
     js = tmp_path / "chat.json"
     assert window.export_chat(cooking.id, "json", js)
-    assert json.loads(js.read_text(encoding="utf-8")) == json.loads(json.dumps(app_store.export_json(cooking.id)))
+    assert json.loads(js.read_text(encoding="utf-8")) == json.loads(json.dumps(app_store.export.json(cooking.id)))
 
     assert not window.export_chat(cooking.id, "json", tmp_path / "missing" / "chat.json")
     assert "Could not export" in window.error_label.text() and "missing" in window.error_label.text()

@@ -245,7 +245,7 @@ def test_model_manager_lists_the_bundled_demo_second_and_loads_it_offline(
         assert run(press_load()), manager.error_label.text()
         assert service.model_name == "Demo vision model" and service.can_see_images
         assert manager.model_list.item(1).text().startswith("● ")
-        app_store.add_model(str(demo))  # remembered by hand too: still listed once
+        app_store.models.add(str(demo))  # remembered by hand too: still listed once
         manager.refresh()
         assert manager.paths().count(str(demo)) == 1
 

@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 
 from app.service import EngineService
-from app.ui.welcome import DROP_HINT, EXAMPLE_PROMPTS
+from app.ui.welcome import DROP_HINT, EXAMPLE_PROMPTS, VISION_PROMPTS
 
 
 def test_a_new_chat_welcomes_with_the_model_name_and_no_drop_hint(window, engine_service):
@@ -85,3 +85,30 @@ def test_a_vision_model_is_welcomed_with_the_drop_hint(window, tiny_vision):
     assert "tiny-llava" in tab.welcome.title_label.text()
     assert "sees images" in tab.welcome.abilities_label.text()
     assert tab.welcome.drop_hint.isVisible() and tab.welcome.drop_hint.text() == DROP_HINT
+
+
+def test_a_vision_models_examples_ask_about_a_picture_and_wait_for_one(
+    window, tiny_vision, app_store, shapes_png, run, ui
+):
+    # a vision model was offered "Write a four-line poem about the sea": its examples are what it can do with a
+    # picture (describe, count, name a colour), and clicked without one they wait in the input for it
+    tab = window.new_chat()
+    tab.set_backend(tiny_vision)
+    assert [b.text() for b in tab.welcome.example_buttons] == list(VISION_PROMPTS)
+    assert not set(VISION_PROMPTS) & set(EXAMPLE_PROMPTS)
+    QTest.mouseClick(tab.welcome.example_buttons[1], Qt.MouseButton.LeftButton)
+    assert tab.input.toPlainText() == VISION_PROMPTS[1] and "Attach a picture" in tab.notice_text()
+    assert app_store.messages(tab.chat_id) == [] and not tab.is_streaming
+    tab.set_settings(ui.greedy_settings(tiny_vision, 3))
+
+    async def go():
+        await tab.attach_files([str(shapes_png)])
+        QTest.mouseClick(tab.welcome.example_buttons[0], Qt.MouseButton.LeftButton)  # a picture is there: sent
+        await ui.wait_idle(window)
+
+    run(go())
+    user, _answer = app_store.messages(tab.chat_id)
+    assert user.text == VISION_PROMPTS[0] and len(user.images) == 1
+    tab.set_backend(window.service)  # back to the text model: its own examples again
+    window.new_chat()
+    assert [b.text() for b in window.current_tab().welcome.example_buttons] == list(EXAMPLE_PROMPTS)
