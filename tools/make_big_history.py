@@ -1,4 +1,4 @@
-"""Generate a large chat history to measure the store's search and startup on (issue [N]).
+"""Generate a large chat history to measure the store's search and startup on.
 
     python tools/make_big_history.py /tmp/big/tandem.sqlite3 --chats 30000 --messages 1200000 --schema 1
 

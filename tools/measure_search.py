@@ -1,4 +1,4 @@
-"""Time opening the store and searching it, on a history from tools/make_big_history.py (issue [N]).
+"""Time opening the store and searching it, on a history from tools/make_big_history.py.
 
     python tools/measure_search.py /tmp/big/tandem.sqlite3
 
