@@ -113,13 +113,16 @@ def _model_path(spec: str) -> Path:
     return resolve_model(spec)  # a path, 'starter' or 'demo', as every command takes
 
 
+# The folder holding the engine package. Not engine/ itself: there engine/gguf would shadow the gguf package.
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+
 def _run_side(side: str, cfg: dict[str, Any], tmp: Path) -> dict[str, Any] | None:
     """Run one side in a fresh interpreter; None (after logging why) when it failed."""
     cfg_path, out_path = tmp / f"{side}-cfg.json", tmp / f"{side}-out.json"
     cfg_path.write_text(json.dumps(cfg))
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])  # the folder holding the engine package
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
     env["TQDM_DISABLE"] = "1"  # transformers' GGUF conversion bar would bury the progress lines
     try:
         stdout: Any = sys.stderr.fileno()  # a worker's chatter belongs with the progress, not the table

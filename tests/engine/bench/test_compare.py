@@ -221,3 +221,11 @@ llama_batched_bench: n_kv_max = 8192, n_batch = 2048, n_ubatch = 512, flash_attn
     assert got["prompt_tokens"] == 250 and abs(got["aggregate_tps"] - 8 * 128 / 18.608) < 1e-9
     assert bench_batched.parse(output, jobs=4, new=128) is None  # not the batch size asked for
     assert bench_batched.parse("error: failed to load model", jobs=8, new=128) is None
+
+
+def test_workers_import_the_engine_from_the_folder_that_holds_it():
+    # with engine/ itself on PYTHONPATH, engine/gguf/ stood in for the gguf package and every GGUF bench failed
+    from engine.bench.compare import PACKAGE_ROOT
+
+    assert (PACKAGE_ROOT / "engine" / "__init__.py").is_file()
+    assert not (PACKAGE_ROOT / "gguf").exists()
