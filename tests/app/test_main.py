@@ -270,6 +270,7 @@ def test_a_damaged_database_is_recovered_and_the_app_starts(qapp, tiny_folder, t
     assert len(list(tmp_path.glob("tandem.sqlite3.damaged-*"))) == 1  # kept beside the new file
 
 
+@pytest.mark.timing
 def test_an_unwritable_data_folder_ends_a_headless_run_with_a_message(qapp, tmp_path, monkeypatch, capsys):
     # a file where the data folder should be: nothing can be saved, so the run ends at once, saying why (no
     # dialog waits for a click nobody can give)

@@ -52,6 +52,7 @@ def test_offline_first_start_from_the_command_line_says_why(qapp, tmp_path, monk
     assert "bundled with Tandem needs no download" in err
 
 
+@pytest.mark.timing
 def test_a_runaway_chat_template_ends_quit_after_answer_with_its_error(
     qapp, tiny_folder, tmp_path, monkeypatch, capsys
 ):

@@ -93,6 +93,7 @@ def test_a_malformed_request_is_refused_with_a_reason(line, complaint):
         _parse_request(line)
 
 
+@pytest.mark.timing
 def test_a_second_headless_run_is_refused_at_once_and_writes_nothing(tiny_folder, tmp_path):
     data = tmp_path / "data"
     first = start_first(data, tiny_folder, tmp_path / "first.log")

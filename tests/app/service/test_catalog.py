@@ -207,6 +207,7 @@ def test_download_unknown_repo_names_it(hub, tmp_path):
         download_from_hub("tandem-test/nothing", tmp_path)
 
 
+@pytest.mark.timing
 def test_offline_download_fails_fast_with_a_clear_message(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_ENDPOINT", UNREACHABLE)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

@@ -378,6 +378,7 @@ def test_a_stream_cut_halfway_keeps_the_text_that_came():
     assert "cut off after 9 characters" in str(error) and "is kept" in str(error)
 
 
+@pytest.mark.timing
 def test_a_server_that_stops_sending_times_out():
     async def stall(reader, writer, done):
         writer.write(sse_head() + sse_chunk("Once upon"))

@@ -13,6 +13,7 @@ import shutil
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from PySide6.QtCore import QTimer
 
@@ -29,6 +30,7 @@ def with_template(tiny_folder: Path, dest: Path, template: str) -> Path:
     return dest
 
 
+@pytest.mark.timing
 def test_a_runaway_chat_template_is_stopped_shown_and_the_window_keeps_working(
     tiny_folder, tmp_path, app_store, run, ui
 ):

@@ -262,6 +262,7 @@ def test_starter_entry_loads_the_starter(run, manager, service, data_dir, starte
     assert manager.model_list.item(0).text().startswith("● ")
 
 
+@pytest.mark.timing
 def test_download_offline_says_so_quickly(qtbot, manager, store, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

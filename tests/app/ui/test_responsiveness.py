@@ -8,6 +8,7 @@ import asyncio
 import time
 from concurrent.futures import Future
 
+import pytest
 from PySide6.QtCore import QTimer
 
 from app.ui import message_view
@@ -15,10 +16,13 @@ from app.ui.chat_answer import ChatAnswer
 from app.ui.message_view import MessageWidget, warm_up_code_highlighting
 
 PROBE_MS = 5
-LIMIT_S = 0.050
+# A stall worth catching (a Markdown render or a forward pass on the GUI thread) is well over 150 ms; the gaps a
+# loaded 2-core machine's scheduler adds stay under it.
+LIMIT_S = 0.150
 NUM_TOKENS = 192
 
 
+@pytest.mark.timing
 def test_four_streaming_tabs_keep_the_event_loop_responsive(window, engine_service, app_store, run, ui):
     settings = ui.greedy_settings(engine_service, NUM_TOKENS)
     tabs = [window.current_tab()]

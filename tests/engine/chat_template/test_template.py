@@ -467,6 +467,7 @@ HOSTILE = {
 }
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(("source", "needle"), list(HOSTILE.values()), ids=list(HOSTILE))
 def test_hostile_templates_stop_in_bounded_time_and_memory(source, needle):
     template = ChatTemplate(source)

@@ -77,6 +77,7 @@ def test_iterate_never_runs_on_the_event_loop_thread(tiny_model):
     assert seen_threads and loop_thread not in seen_threads
 
 
+@pytest.mark.timing
 def test_event_loop_keeps_ticking_while_jobs_stream(tiny_model):
     async def main():
         gen = make(tiny_model)

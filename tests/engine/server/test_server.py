@@ -397,6 +397,7 @@ def send_and_leave_open(url: str, body: dict) -> socket.socket:
     return sock
 
 
+@pytest.mark.timing
 def test_clients_that_drop_mid_stream_free_their_pages_at_once(server):
     url, served = server
     long = dict(model="starter", max_tokens=600, extra_body={"min_tokens": 600})

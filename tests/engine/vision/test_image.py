@@ -115,13 +115,14 @@ def test_zero_size_image_is_refused():
         load_image(Image.new("RGB", (0, 5)))
 
 
+@pytest.mark.timing
 def test_png_declaring_30000x30000_is_refused_fast():
     data = _png_declaring(30000, 30000)
     assert len(data) < 200
     start = time.perf_counter()
     with pytest.raises(ImageError, match="too large") as caught:
         load_image(data)
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 2  # refused from the header; decoding 900 MP would take minutes
     assert "900000000 pixels" in str(caught.value) and "64000000" in str(caught.value)
 
 
@@ -322,6 +323,7 @@ def test_oriented_size_refuses_what_load_image_refuses(tmp_path):
             oriented_size(bad)
 
 
+@pytest.mark.timing
 def test_eps_is_refused_by_content_without_running_ghostscript(tmp_path):
     # an EPS whose PostScript never ends (`{ } loop`): Pillow would hand it to Ghostscript; it must be refused
     # at once, whatever the file is called
