@@ -108,9 +108,13 @@ def draft_layers(args: argparse.Namespace) -> list[int]:
 
 
 def _model_path(spec: str) -> Path:
+    from engine.errors import MissingFileError
     from engine.loading.builtin import resolve_model
 
-    return resolve_model(spec)  # a path, 'starter' or 'demo', as every command takes
+    try:
+        return resolve_model(spec)  # a path, 'starter' or 'demo', as every command takes
+    except MissingFileError as e:  # the bench refuses its arguments with ValueError, before any side runs
+        raise ValueError(str(e)) from None
 
 
 # The folder holding the engine package. Not engine/ itself: there engine/gguf would shadow the gguf package.
