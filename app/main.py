@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.gui_gc import GuiThreadCollector
     from app.service import EngineService
+    from app.service.loading import prompt_cache_dir
     from app.service.speculation import load_speculation
     from app.single_instance import SingleInstance
     from app.store import StoreError
@@ -124,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                 QMessageBox.critical(None, "Tandem cannot open its data", str(e))
             return 1
         store = opened.store
-        service = EngineService(speculation=load_speculation(store))  # the model manager's saved choice
+        # the saved speculation choice; finished prompt pages also kept in the data folder for the next start
+        service = EngineService(speculation=load_speculation(store), prompt_cache_dir=prompt_cache_dir())
         try:
             window = MainWindow(store, service)  # restores the open chats, or saves a first one
         except StoreError as e:  # a full disk, or a file turned read-only: nothing saved is lost

@@ -92,6 +92,7 @@ class EngineService(QObject):
         max_cache_tokens: int = MAX_CACHE_TOKENS,
         speculation: Speculation | None = None,
         free_memory: FreeMemory | None = None,
+        prompt_cache_dir: Path | None = None,
     ):
         """`free_memory()` gives the bytes free for a new model (default: the device's, free_memory_bytes);
         loads are checked against it and the cache is sized from it."""
@@ -100,7 +101,7 @@ class EngineService(QObject):
         self._installed_speculation: Speculation | None = None  # what the serving generator was made with
         self._device = torch.device(device) if device is not None else default_device()
         free_memory = free_memory or (lambda: free_memory_bytes(self._device))
-        self._loader = Loader(self._device, dtype, page_size, max_cache_tokens, free_memory)
+        self._loader = Loader(self._device, dtype, page_size, max_cache_tokens, free_memory, prompt_cache_dir)
         self.local_backend = LocalBackend()  # the model and generator serving now, and the jobs started on them
         self._load_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones

@@ -28,9 +28,12 @@ from engine.chat_template import ChatTemplate
 from engine.errors import ChatTemplateError, ModelLoadError
 from engine.memory_fit import MemoryNeed, check_memory
 from engine.model_info import ModelInfo, read_model_info
+from engine.paths import user_data_dir
 from engine.vision.handle import vision_of
 
 log = logging.getLogger(__name__)
+
+PROMPT_CACHE_BYTES = 2 * 1024**3  # the app's disk tier: room for many long chats of a small model
 
 Progress = Callable[[float], None]
 Resolve = Callable[[Progress], Path]  # runs on the loader thread: fetch or download, return what to load
@@ -52,13 +55,16 @@ class LoadFailed(Exception):
 @dataclasses.dataclass(frozen=True)
 class Loader:
     """How this app loads models: onto `device` in `dtype`, a paged cache of at most `max_cache_tokens`
-    tokens in pages of `page_size`, sized from `free_memory()`."""
+    tokens in pages of `page_size`, sized from `free_memory()`. `prompt_cache_dir`: finished pages also go to
+    that folder (at most `prompt_cache_bytes`), so a reopened app continues a long chat without recomputing it."""
 
     device: torch.device
     dtype: torch.dtype | str | None
     page_size: int
     max_cache_tokens: int
     free_memory: FreeMemory
+    prompt_cache_dir: Path | None = None
+    prompt_cache_bytes: int = PROMPT_CACHE_BYTES
 
     def check_fit(self, info: ModelInfo, context_length: int | None = None) -> MemoryNeed:
         """What loading `info`'s model takes with one chat of `context_length` tokens (None:
@@ -100,6 +106,15 @@ class Loader:
             cache = Cache(model, num_tokens, page_size=self.page_size)
         except Exception as e:
             raise LoadFailed(path) from e
+        if self.prompt_cache_dir is not None:
+            try:
+                cache.use_disk(self.prompt_cache_dir, self.prompt_cache_bytes)
+            except OSError as e:  # an unwritable folder costs only speed: the model works from memory
+                log.warning(
+                    "the prompt cache folder %s cannot be used (%s); prompts are cached in memory only",
+                    self.prompt_cache_dir,
+                    e,
+                )
         context = min(model_context, num_tokens)
         return Loaded(path, name, model, tokenizer, template, cache, context, context_length, vision=vision_of(model))
 
@@ -111,6 +126,11 @@ class Loader:
         except ModelLoadError:
             return
         self.check_fit(info, context_length)
+
+
+def prompt_cache_dir() -> Path:
+    """The data folder's prompt cache (TANDEM_DATA_DIR moves it with the data folder)."""
+    return user_data_dir() / "prompt-cache"
 
 
 def _chat_template(tokenizer: Tokenizer, path: Path) -> ChatTemplate:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
 import torch
 
+from engine.cache.disk import DEFAULT_MAX_BYTES, DiskTier, model_identity
 from engine.config.model import ModelConfig
 
 
@@ -13,9 +17,20 @@ class Cache:
     Per layer, keys and values are `[num_pages, page_size, num_kv_heads, head_dim]` (possibly a strided view,
     see `_layer_tensor`). `max_seq_len` is the
     total token budget across all jobs and must be a multiple of `page_size`.
+
+    `disk_dir`: also keep finished pages in that folder (at most `disk_max_bytes`), so a later process with the
+    same model reads a long prefix back instead of computing it (see disk.py).
     """
 
-    def __init__(self, model, max_seq_len: int, page_size: int = 256, dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        model,
+        max_seq_len: int,
+        page_size: int = 256,
+        dtype: torch.dtype | None = None,
+        disk_dir: str | Path | None = None,
+        disk_max_bytes: int = DEFAULT_MAX_BYTES,
+    ):
         if page_size <= 0 or max_seq_len <= 0:
             raise ValueError(f"page_size ({page_size}) and max_seq_len ({max_seq_len}) must be positive")
         if max_seq_len % page_size:
@@ -32,6 +47,17 @@ class Cache:
         self.device = model.device
         self.k = [self._layer_tensor(config) for _ in range(config.num_hidden_layers)]
         self.v = [self._layer_tensor(config) for _ in range(config.num_hidden_layers)]
+        self.disk: DiskTier | None = None
+        if disk_dir is not None:
+            self.use_disk(disk_dir, disk_max_bytes)
+
+    def use_disk(self, folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> DiskTier:
+        """Keep finished pages in `folder` too (call before creating the generator, which reads `self.disk`)."""
+        config: ModelConfig = self.model.config
+        layout = (config.num_hidden_layers, self.page_size, config.num_key_value_heads, config.head_dim)
+        identity = model_identity(self.model, self.page_size, self.dtype)
+        self.disk = DiskTier(folder, identity, layout, self.dtype, max_bytes=max_bytes)
+        return self.disk
 
     def _layer_tensor(self, config: ModelConfig) -> torch.Tensor:
         """One layer's keys or values, shape [num_pages, page_size, num_kv_heads, head_dim] in every case.
@@ -53,6 +79,23 @@ class Cache:
         for k, v in zip(self.k, self.v):
             k[dst, :n].copy_(k[src, :n])
             v[dst, :n].copy_(v[src, :n])
+
+    def save_page(self, page_id: int, page_hash: int, prev_hash: int, token_ids: Sequence[int]) -> None:
+        """Queue a full, named page for the disk tier (a private copy of its rows; the write happens later)."""
+        if self.disk is None:
+            return
+        rows = [t[page_id].clone() for pair in zip(self.k, self.v) for t in pair]  # [page_size, heads, head_dim]
+        self.disk.write(page_hash, prev_hash, token_ids, rows)
+
+    def load_page(self, page_id: int, page_hash: int, prev_hash: int, token_ids: Sequence[int]) -> bool:
+        """Fill page `page_id` from the disk tier; False when it has no valid copy (then compute the page)."""
+        rows = self.disk.read(page_hash, prev_hash, token_ids) if self.disk is not None else None
+        if rows is None:
+            return False
+        layers = [t for pair in zip(self.k, self.v) for t in pair]
+        for dst, src in zip(layers, rows):
+            dst[page_id].copy_(src)
+        return True
 
     @property
     def num_bytes(self) -> int:

@@ -8,6 +8,10 @@
     rewind(seq, num_tokens)     ->    drop rows past num_tokens (they are recomputed)
     free(seq)                   ->    name late pages, release every page (their KV stays cached)
 
+With a disk tier (a PageStore), lookup() also finds the prompt's next full pages on disk; allocate() gives them
+fresh pages and plans their loads (take_loads, then loads_done: a page that fails to load is computed instead),
+and pages named from then on wait in take_named() for the caller to write.
+
 A sequence's memory is one page list for its attention layers. Other kinds of layer memory (quantized pages,
 sliding-window pages, recurrent-state slots) belong behind these same calls, so the scheduler keeps seeing
 sequences and token counts only.
@@ -20,6 +24,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engine.cache.page_table import ROOT_HASH, Page, PageTable, chain_hash
+
+
+class PageStore(Protocol):
+    """The manager's view of a disk tier: which chain hashes it holds (reading and writing tensors is not its job)."""
+
+    def contains(self, page_hash: int) -> bool: ...
 
 
 class ManagedSeq(Protocol):
@@ -38,9 +48,20 @@ class PrefixHit:
     """What the cache holds of a prompt: full pages covering its start (the last token is never among them)."""
 
     pages: tuple[Page, ...]
-    prev_hash: int  # chain hash after those pages
+    prev_hash: int  # chain hash after those pages (and the disk pages)
     num_tokens: int
     pending: bool  # another sequence is computing the prompt's next full page right now
+    disk_hashes: tuple[int, ...] = ()  # full pages after `pages` that the disk tier holds (counted in num_tokens)
+
+
+@dataclass(frozen=True)
+class DiskPage:
+    """A full page that moves between memory and the disk tier: its id, chain hash and tokens."""
+
+    page_id: int
+    hash: int
+    prev_hash: int
+    token_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -55,11 +76,14 @@ class PageCopy:
 class CacheManager:
     """Owns the page table: prefix lookup, allocation, committed rows, rewinds and release of sequences' pages."""
 
-    def __init__(self, num_pages: int, page_size: int):
+    def __init__(self, num_pages: int, page_size: int, disk: PageStore | None = None):
         self.table = PageTable(num_pages, page_size)
         self.page_size = page_size
+        self.disk = disk
         self._planned: dict[int, int] = {}  # chain hash of a prompt page being prefilled -> serial
         self._copy_sources: list[Page] = []
+        self._loads: list[tuple[ManagedSeq, int, DiskPage]] = []  # (sequence, page index, page) to fill from disk
+        self._named: list[DiskPage] = []  # pages named since take_named(), for the disk tier
 
     # --- counts ------------------------------------------------------------------------------------------
 
@@ -85,8 +109,15 @@ class CacheManager:
         matched = self.table.match_full_pages(prompt_ids, reusable)
         prev = matched[-1].hash if matched else ROOT_HASH
         done = len(matched) * ps
+        on_disk: list[int] = []
+        while self.disk is not None and done + ps <= reusable:
+            h = chain_hash(prev, prompt_ids[done : done + ps])
+            if h in self._planned or not self.disk.contains(h):
+                break
+            on_disk.append(h)
+            prev, done = h, done + ps
         pending = done + ps <= reusable and chain_hash(prev, prompt_ids[done : done + ps]) in self._planned
-        return PrefixHit(tuple(matched), prev, done, pending)
+        return PrefixHit(tuple(matched), prev, done, pending, tuple(on_disk))
 
     def allocate(
         self, seqs: Sequence[ManagedSeq], num_tokens: Sequence[int], hits: Sequence[PrefixHit]
@@ -125,16 +156,25 @@ class CacheManager:
             else:
                 self.table.acquire(source)  # keep it from being reused before the copy happens
                 self._copy_sources.append(source)
+        # Pages loaded from disk come first; each follows the one before, so its prev_hash is known now.
+        num_disk = len(hit.disk_hashes)
+        chain = [hit.pages[-1].hash if hit.pages else ROOT_HASH, *hit.disk_hashes]
         new_pages: list[Page] = []
         for i in range(num_new):
             before = new_pages[-1] if new_pages else (hit.pages[-1] if hit.pages else None)
             after = before.page_id if before is not None else None
-            new_pages.append(self.table.allocate(prev if i == 0 else ROOT_HASH, seq.serial, after=after))
+            follows = chain[i] if i <= num_disk else ROOT_HASH
+            new_pages.append(self.table.allocate(follows, seq.serial, after=after))
+        for i, h in enumerate(hit.disk_hashes):
+            start = (len(hit.pages) + i) * ps
+            page = new_pages[i]
+            page.token_ids = list(seq.tokens[start : start + ps])
+            self._loads.append((seq, len(hit.pages) + i, DiskPage(page.page_id, h, chain[i], tuple(page.token_ids))))
         seq.pages = list(hit.pages) + new_pages
         copies = []
         if num_copy > 0:
-            new_pages[0].token_ids = list(seq.tokens[done : done + num_copy])
-            copies.append(PageCopy(source.page_id, new_pages[0].page_id, num_copy))
+            new_pages[num_disk].token_ids = list(seq.tokens[done : done + num_copy])
+            copies.append(PageCopy(source.page_id, new_pages[num_disk].page_id, num_copy))
         seq.num_computed = done + num_copy
         # Announce the prompt pages this sequence will compute, so a twin prompt waits instead of duplicating.
         h = prev
@@ -148,6 +188,34 @@ class CacheManager:
         for page in self._copy_sources:
             self.table.release(page)
         self._copy_sources.clear()
+
+    def take_loads(self) -> list[DiskPage]:
+        """Pages allocate() planned to fill from the disk tier; run them before the next forward, then loads_done()."""
+        return [load for _, _, load in self._loads]
+
+    def loads_done(self, failed: set[int]) -> list[ManagedSeq]:
+        """The loads ran; `failed`: ids of pages that got no valid copy. Loaded pages are named (shared from now
+        on); a sequence with a failed page keeps only the pages before it and computes the rest. Returns those
+        sequences."""
+        ps = self.page_size
+        first_failed: dict[int, tuple[ManagedSeq, int]] = {}
+        for seq, idx, load in self._loads:
+            if load.page_id in failed and id(seq) not in first_failed:
+                first_failed[id(seq)] = (seq, idx)
+        for seq, idx, _ in self._loads:
+            cut = first_failed.get(id(seq))
+            if cut is None or idx < cut[1]:
+                self.table.register_full(seq.pages[idx])
+        self._loads.clear()
+        for seq, idx in first_failed.values():
+            self.rewind(seq, idx * ps)
+        return [seq for seq, _ in first_failed.values()]
+
+    def take_named(self) -> list[DiskPage]:
+        """Pages named since the last call that still hold those rows: the disk tier's to write."""
+        named = [d for d in self._named if self.table.pages[d.page_id].hash == d.hash]
+        self._named.clear()
+        return named
 
     # --- running -----------------------------------------------------------------------------------------
 
@@ -194,6 +262,8 @@ class CacheManager:
         if page.hash is not None:
             return
         h = self.table.register_full(page)
+        if self.disk is not None:
+            self._named.append(DiskPage(page.page_id, h, page.prev_hash, tuple(page.token_ids)))
         if self._planned.get(h) == seq.serial:
             del self._planned[h]
         if idx + 1 < len(seq.pages):

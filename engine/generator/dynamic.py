@@ -101,7 +101,7 @@ class DynamicGenerator:
         self.max_batch_size = max_batch_size or min(self.num_pages, 256)
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        self.cache_manager = CacheManager(self.num_pages, self.page_size)
+        self.cache_manager = CacheManager(self.num_pages, self.page_size, disk=cache.disk)
         self.scheduler = Scheduler(self.cache_manager, self.max_batch_size, self.max_chunk_size)
         self._sessions: dict[int, JobSession] = {}  # serial -> running or waiting job
         self._buffered: list[Result] = []  # results produced while generate() ran others' steps
@@ -202,11 +202,13 @@ class DynamicGenerator:
                 self.threads.update()
             results, self._buffered = self._buffered, []
             failures: list[tuple[DynamicJob, BaseException]] = []
+            self._save_named_pages()  # pages named by a cancel since the last step, before admission reuses them
             results += self._admit(failures)
             steps = self.scheduler.plan()
             if steps:
                 drafts, logits = self._forward_or_fail(steps, results, failures)
                 results += self._sample_and_emit(steps, logits, drafts, failures)
+                self._save_named_pages()
             if failures:
                 self._fail(results, failures)
             return results
@@ -217,6 +219,7 @@ class DynamicGenerator:
         for c in copies:
             self.cache.copy_page(c.src, c.dst, c.num_tokens)
         self.cache_manager.copies_done()
+        self._load_pages()
         now = time.perf_counter()
         results = []
         for seq in admitted:
@@ -229,6 +232,21 @@ class DynamicGenerator:
                 continue
             results.append(session.base("started"))
         return results
+
+    def _load_pages(self) -> None:
+        """Fill the pages admission found on disk; a page without a valid copy is computed by its sequence."""
+        loads = self.cache_manager.take_loads()
+        if not loads:
+            return
+        failed = {d.page_id for d in loads if not self.cache.load_page(d.page_id, d.hash, d.prev_hash, d.token_ids)}
+        for seq in self.cache_manager.loads_done(failed):
+            seq.cached_tokens = seq.num_computed
+            seq.cached_pages = self.cache_manager.pages_for(seq.num_computed)
+
+    def _save_named_pages(self) -> None:
+        # Snapshots the rows now (the page may be reused next step); the disk tier writes them off this thread.
+        for d in self.cache_manager.take_named():
+            self.cache.save_page(d.page_id, d.hash, d.prev_hash, d.token_ids)
 
     def _forward_or_fail(
         self, steps: list[Step], results: list[Result], failures: list[tuple[DynamicJob, BaseException]]
