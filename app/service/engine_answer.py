@@ -2,7 +2,8 @@
 
 The engine has split the text already (a job given the model's ReasoningFormat carries "reasoning" and
 "answer" per result); the chunk passes that split on and counts the result's tokens instead of passing
-its token ids. Results before the first token ("started", "prefill") are not chunks.
+its token ids. Results before the first token ("started", "prefill") are not chunks; a "prefill" result's
+progress is kept on the answer (`prefill`), for a view that says how far the prompt has been read.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ from engine.generator.results import Result
 
 
 class EngineAnswer:
-    """An AnswerJob over one engine job (`job`, a DynamicJobAsync)."""
+    """An AnswerJob over one engine job (`job`, a DynamicJobAsync). `first_seen` is the index of the message
+    the model's view resumes at when the overflow policy dropped older turns (None: it sees them all)."""
 
-    def __init__(self, job: DynamicJobAsync):
+    def __init__(self, job: DynamicJobAsync, first_seen: int | None = None):
         self.job = job
+        self.first_seen = first_seen
+        self.prefill: tuple[int, int] | None = None  # (prompt tokens read, of how many) while the prompt is read
 
     def __aiter__(self) -> AsyncIterator[AnswerChunk]:
         return _Chunks(self, self.job.__aiter__())
@@ -42,6 +46,8 @@ class _Chunks:
             result = await self._results.__anext__()
             if result["stage"] == "streaming":
                 return answer_chunk(result, self._answer)
+            if result["stage"] == "prefill":
+                self._answer.prefill = (int(result["curr_progress"]), int(result["max_progress"]))
 
     async def aclose(self) -> None:
         await self._results.aclose()

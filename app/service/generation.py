@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine import SamplerSettings
+from engine.chat.overflow import OverflowPolicy
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,10 @@ MAX_SEED = 2**31 - 1  # seeds are drawn from and edited in [0, MAX_SEED] (a sign
 DEFAULT_MAX_NEW_TOKENS = 1024  # a chat answer's cap
 COMPARE_MAX_NEW_TOKENS = 256  # a compare column's: short answers, several side by side
 MAX_NEW_TOKENS_LIMIT = 1 << 20  # the panel's upper bound; the model's context is the real limit
+# A chat longer than the context: what a chat without its own choice does, kept under this app setting.
+OVERFLOW_SETTING = "context_overflow"
+DEFAULT_OVERFLOW = OverflowPolicy.TRUNCATE_MIDDLE.value
+OVERFLOW_POLICIES: tuple[str, ...] = tuple(p.value for p in OverflowPolicy)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +50,11 @@ class GenerationSettings:
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     json_mode: bool = False  # hold the answer to one JSON object
     thinking: bool | None = None  # a reasoning model's enable_thinking (template variable); None: its default
+    overflow: str | None = None  # a chat longer than the context (OVERFLOW_POLICIES); None: the app's default
 
     def __post_init__(self) -> None:
+        if self.overflow is not None:
+            object.__setattr__(self, "overflow", OverflowPolicy.parse(self.overflow).value)
         if self.seed is not None and not 0 <= int(self.seed) <= MAX_SEED:
             raise ValueError(f"seed must be between 0 and {MAX_SEED} (or None for a random one), got {self.seed}")
         if not 1 <= int(self.max_new_tokens) <= MAX_NEW_TOKENS_LIMIT:
@@ -85,6 +93,7 @@ class GenerationSettings:
             max_new_tokens=int(values["max_new_tokens"]),
             json_mode=has_json_mode(settings),
             thinking=thinking_of(settings),
+            overflow=overflow_of(settings),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,6 +105,8 @@ class GenerationSettings:
             out["json_mode"] = True
         if self.thinking is not None:
             out["thinking"] = self.thinking
+        if self.overflow is not None:
+            out["overflow"] = self.overflow
         return out
 
 
@@ -152,6 +163,21 @@ def with_thinking(settings: Mapping[str, Any] | None, on: bool | None) -> dict[s
     out = {k: v for k, v in (settings or {}).items() if k != "thinking"}
     if on is not None:
         out["thinking"] = bool(on)
+    return out
+
+
+def overflow_of(settings: Mapping[str, Any] | None) -> str | None:
+    """A stored settings dict's overflow policy, or None (absent or unknown: the app's default). Like the
+    thinking switch it is the chat's own, kept beside the preset's fields."""
+    value = (settings or {}).get("overflow")
+    return value if value in OVERFLOW_POLICIES else None
+
+
+def with_overflow(settings: Mapping[str, Any] | None, policy: str | None) -> dict[str, Any]:
+    """A stored settings dict with the overflow policy set (None removes it: the app's default)."""
+    out = {k: v for k, v in (settings or {}).items() if k != "overflow"}
+    if policy is not None:
+        out["overflow"] = OverflowPolicy.parse(policy).value
     return out
 
 

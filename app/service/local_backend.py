@@ -6,7 +6,8 @@ off the GUI thread and words the door's refusals for the window. Nothing here lo
 
     start_answer(messages, system_prompt, images, settings)
         embed_images(images)          vision worker  (the door's LRU per model)
-        encode_chat(...)              prompt worker  (the chat template may run for seconds)
+        prompt(...)                   prompt worker  (the chat template may run for seconds; the overflow policy
+                                                     drops old turns there, and the answer says where its view begins)
         door.fit(...)                 ContextFull "... fills the model's context ..."
         door.start_job(...)           -> DynamicJobAsync on the generator's engine thread
 """
@@ -21,12 +22,14 @@ import torch
 
 from app.service.backend import ContextFull, ModelSwapped
 from app.service.engine_answer import EngineAnswer
-from app.service.generation import GenerationSettings, sampler_settings
+from app.service.generation import DEFAULT_OVERFLOW, GenerationSettings, sampler_settings
 from app.service.images import ImageSource, embed_all
 from app.service.loaded import Loaded, no_vision_message
 from app.service.workers import PROMPT, VISION, in_worker
 from engine import DynamicGeneratorAsync, DynamicJobAsync, SamplerSettings
+from engine.chat.door import ChatPrompt
 from engine.chat.errors import ContextOverflow, NoVisionError
+from engine.chat.overflow import OverflowPolicy
 from engine.chat.request import AnswerOptions, ChatRequest
 from engine.reasoning import ReasoningFormat
 from engine.vision.embedding import MMEmbedding
@@ -114,15 +117,13 @@ class LocalBackend:
     ) -> EngineAnswer:
         """The Backend protocol's answer: embed `images`, build the prompt (both off the GUI thread), check it
         leaves room to answer, and start the job, its length capped by what is left of the context; the job's
-        results are read as AnswerChunks."""
+        results are read as AnswerChunks. Past the context the chat's overflow policy drops old turns; the
+        answer's `first_seen` says which message the model's view resumes at (None: it sees them all)."""
         loaded = self._require_model()
         embeddings = await self.embed_images(images) if images else None
         if self._loaded is not loaded:
             raise ModelSwapped(f"{loaded.name} was replaced while the images were being read")
         options = {"enable_thinking": settings.thinking} if settings.thinking is not None else {}
-        input_ids = await in_worker(self.encode_chat, messages, system_prompt, embeddings, options, pool=PROMPT)
-        if self._loaded is not loaded:
-            raise ModelSwapped(f"{loaded.name} was replaced while the prompt was being built")
         answer = AnswerOptions(
             settings=settings.sampler(),
             max_new_tokens=settings.max_new_tokens,
@@ -130,14 +131,21 @@ class LocalBackend:
             json_mode=settings.json_mode,
             identifier=identifier,
         )
+        overflow = OverflowPolicy.parse(settings.overflow or DEFAULT_OVERFLOW)
+        prompt = await in_worker(
+            self.prompt, messages, system_prompt, embeddings, options, overflow, answer, pool=PROMPT
+        )
+        if self._loaded is not loaded:
+            raise ModelSwapped(f"{loaded.name} was replaced while the prompt was being built")
         try:
-            max_new_tokens = loaded.chat.fit(int(input_ids.shape[-1]), answer)
+            max_new_tokens = loaded.chat.fit(int(prompt.ids.shape[-1]), answer)
         except ContextOverflow as e:
             raise ContextFull(
                 f"This conversation ({e.num_prompt} tokens) fills the model's context of {e.context_length} "
                 "tokens. Start a new chat (Ctrl+T) or edit an earlier message."
             ) from None
-        return EngineAnswer(self._start(loaded, input_ids, answer, max_new_tokens, embeddings or ()))
+        job = self._start(loaded, prompt.ids, answer, max_new_tokens, prompt.images)
+        return EngineAnswer(job, first_seen=prompt.first_seen)
 
     async def embed_images(self, images: Sequence[ImageSource]) -> list[MMEmbedding]:
         """Embeddings of `images` (file paths, or encoded bytes) for the current model, in order.
@@ -173,17 +181,36 @@ class LocalBackend:
         conversation, ValueError when images and image parts disagree or the model cannot see images,
         RuntimeError with no model.
         """
+        return self.prompt(messages, system_prompt, images, template_options).ids
+
+    def prompt(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        system_prompt: str = "",
+        images: Sequence[MMEmbedding] | None = None,
+        template_options: Mapping[str, Any] | None = None,
+        overflow: OverflowPolicy = OverflowPolicy.STOP,
+        answer: AnswerOptions | None = None,
+    ) -> ChatPrompt:
+        """`encode_chat`'s ids with the embeddings in them, after `overflow` kept the turns that leave the room
+        `answer` asks for (an unfinished last answer's text counts against that room: it stays whole)."""
         loaded = self._require_model()
+        answer = answer or AnswerOptions()
+        written = None
         if messages and messages[-1].get("role") == "assistant":  # an answer to write on (the chat's Continue)
-            ids = self.encode_chat(messages[:-1], system_prompt, images, template_options)
             # The model's own text: its reasoning tags become the special tokens it wrote them as.
             written = loaded.tokenizer.encode(str(messages[-1]["content"]), encode_special_tokens=True)
-            return torch.cat([ids, written.to(ids.dtype)], dim=-1)
-        request = ChatRequest(messages, system_prompt, images or (), template_options or {})
+            messages = messages[:-1]
+        request = ChatRequest(messages, system_prompt, images or (), template_options or {}, answer, overflow)
+        reserve = loaded.chat.answer_room(answer) + (0 if written is None else int(written.shape[-1]))
         try:
-            return loaded.chat.prompt_ids(request)
+            prompt = loaded.chat.prompt(request, reserve)
         except NoVisionError:
             raise ValueError(no_vision_message(loaded.name)) from None
+        if written is None:
+            return prompt
+        ids = torch.cat([prompt.ids, written.to(prompt.ids.dtype)], dim=-1)
+        return ChatPrompt(ids, prompt.images, prompt.dropped)
 
     def count_tokens(
         self,

@@ -6,6 +6,10 @@
       async for chunk in job                     chunk_received, tokens_used; saved every save_interval_ms
       eos / stop / error                         saved with its stats; ended(notice, answered)
 
+Past the context the backend's overflow policy drops old turns: `view_began` names the first message the model
+still sees, and an answer the context's end cut (not its own token limit) is marked `filled_context`, so the tab
+writes it on (Continue) once the policy has freed room.
+
 A save the store refuses (a full disk) stays in memory and on screen and is retried by the tab's
 PendingSaves (app/ui/answer_saves.py). The window's reactions (controls, notices, signals) are the tab's.
 """
@@ -31,7 +35,7 @@ from app.service.backend import (
     ModelSwapped,
     user_message,
 )
-from app.service.generation import GenerationSettings
+from app.service.generation import DEFAULT_OVERFLOW, OVERFLOW_SETTING, GenerationSettings
 from app.service.reasoning import THINK, answer_only, format_stats
 from app.store import StoreError
 from app.ui.answer_saves import PendingSaves
@@ -43,6 +47,7 @@ log = logging.getLogger(__name__)
 # Tabs sent together get their prompts back together; each answer's beginning waits for GIL hand-offs while the
 # engine thread runs Python, so several in one pass of the event loop stalled the window (app/ui/tasks.py).
 _BEGIN_TURNS = OnePerPass()
+PREFILL_POLL_MS = 150  # how often an answer with no text yet shows how much of its prompt has been read
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,8 @@ class _Stream:
     inside: bool = False  # the prompt opened the reasoning block: the answer began as thinking
     prefix: str = ""  # a continued answer's text before this job: the job's full_completion follows it
     base_tokens: int = 0  # ...and its tokens
+    max_new_tokens: int = 0  # the settings' cap: a job ended short of it at its length limit met the context's end
+    overflow: str = "stop"
 
 
 def conversation(
@@ -87,9 +94,7 @@ def conversation(
     """
     messages: list[dict[str, Any]] = []
     shas: list[str] = []
-    for m in store.messages(chat_id, before=before):
-        if m.role not in ("user", "assistant") or m.column is not None:
-            continue
+    for m in _prompt_messages(store, chat_id, before):
         if see_images and m.role == "user" and m.images:
             messages.append(user_message(m.text, len(m.images)))
             shas += m.images
@@ -100,6 +105,16 @@ def conversation(
     return messages, shas
 
 
+def conversation_ids(store: Any, chat_id: int, before: int | None = None) -> list[int]:
+    """The message ids of `conversation(...)`'s messages, in the same order."""
+    return [m.id for m in _prompt_messages(store, chat_id, before)]
+
+
+def _prompt_messages(store: Any, chat_id: int, before: int | None) -> list[Any]:
+    """The stored messages a prompt is made of: the thread's user and assistant turns, not compare columns'."""
+    return [m for m in store.messages(chat_id, before=before) if m.role in ("user", "assistant") and m.column is None]
+
+
 class ChatAnswer(QObject):
     """Runs chat `chat_id`'s answers, one at a time; see the module docstring."""
 
@@ -108,6 +123,7 @@ class ChatAnswer(QObject):
     tokens_used = Signal(int)  # prompt + answer tokens so far, when the prompt's length is known
     ended = Signal(str, bool)  # the notice to show ("" for none), and whether an answer ran (and was saved)
     model_swapped = Signal()  # the model changed before the job started: build the conversation again
+    view_began = Signal(int)  # index of the first message the model sees after dropped turns; -1: it sees all
 
     def __init__(
         self,
@@ -135,6 +151,10 @@ class ChatAnswer(QObject):
         self._extension: Extension | None = None  # the answer being written on (Continue)
         self._save_timer = QTimer(self)
         self._save_timer.timeout.connect(self._save_partial)
+        self.filled_context = False  # the last answer met the context's end and its overflow policy frees room
+        self._prefill_timer = QTimer(self)  # while a long prompt is read: how far, from the job's progress
+        self._prefill_timer.setInterval(PREFILL_POLL_MS)
+        self._prefill_timer.timeout.connect(self._show_prefill)
 
     @property
     def is_running(self) -> bool:
@@ -162,6 +182,7 @@ class ChatAnswer(QObject):
         the answer is stored as a new version of that message (regenerate), not after the visible thread.
         `extension`: write on that answer instead (`messages` end with its text as the assistant's turn)."""
         self._preparing = True
+        self.filled_context = False
         self._version_of = version_of
         self._extension = extension
         self._stopping = False
@@ -189,6 +210,8 @@ class ChatAnswer(QObject):
         error = ""
         try:
             settings = GenerationSettings.from_dict(stored).seeded()
+            if settings.overflow is None:  # the chat has no policy of its own: the app's
+                settings = settings.replace(overflow=self.store.get_setting(OVERFLOW_SETTING, DEFAULT_OVERFLOW))
             job = await backend.start_answer(messages, system_prompt, images, settings, identifier=self.chat_id)
             await _BEGIN_TURNS.take()
         except ModelSwapped:
@@ -246,6 +269,7 @@ class ChatAnswer(QObject):
         self._job = job
         self._stopping = False
         self._stream = _Stream(answer.id, widget, prompt_tokens, settings.json_mode, reasoning=reasoning)
+        self._track(self._stream, settings, job)
         widget.set_reasoning_format(reasoning)
         self._save_timer.start(self._save_interval_ms())
         self.began.emit()
@@ -274,10 +298,25 @@ class ChatAnswer(QObject):
             prefix=ext.text,
             base_tokens=ext.num_tokens,
         )
+        self._track(self._stream, settings, job)
         self._save_timer.start(self._save_interval_ms())
         self.began.emit()
         self._task = spawn(self._run(job, self._stream), name=f"chat-{self.chat_id}")
         return ""
+
+    def _track(self, stream: _Stream, settings: GenerationSettings, job: AnswerJob) -> None:
+        stream.max_new_tokens, stream.overflow = settings.max_new_tokens, settings.overflow or "stop"
+        self._prefill_timer.start()
+        # Only the local engine applies a policy and says where the model's view begins.
+        first_seen = getattr(job, "first_seen", None)
+        self.view_began.emit(-1 if first_seen is None else int(first_seen))
+
+    def _show_prefill(self) -> None:
+        stream, progress = self._stream, getattr(self._job, "prefill", None)  # the local engine's answers have it
+        if stream is None or stream.num_tokens > stream.base_tokens:
+            self._prefill_timer.stop()  # the answer is writing: its text says the rest
+        elif progress is not None:
+            stream.widget.set_prefill(*progress)
 
     async def _run(self, job: AnswerJob, stream: _Stream) -> None:
         error: str | None = None
@@ -312,6 +351,7 @@ class ChatAnswer(QObject):
 
     def _finish(self, stream: _Stream, error: str | None) -> None:
         self._save_timer.stop()
+        self._prefill_timer.stop()
         complete = bool(stream.eos) and error is None
         if complete:
             stats = {**stream.eos, "new_tokens": stream.eos["new_tokens"] + stream.base_tokens}
@@ -324,6 +364,12 @@ class ChatAnswer(QObject):
             if stream.widget.thinking_seconds is not None:
                 stats["thinking_seconds"] = round(stream.widget.thinking_seconds, 2)
         self._write(stream, stats=stats, complete=complete)
+        self.filled_context = (
+            complete
+            and stream.eos.get("eos_reason") == "max_new_tokens"
+            and stream.num_tokens - stream.base_tokens < stream.max_new_tokens
+            and stream.overflow != "stop"
+        )
         stream.widget.set_streaming(False)
         stream.widget.set_stats(stats)
         self._job = None

@@ -33,11 +33,21 @@ from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QApplication, QWidget
 
 from app.service.backend import Backend, KnownImage
-from app.service.generation import complete_settings, has_json_mode, thinking_of, with_json_mode, with_thinking
+from app.service.generation import (
+    DEFAULT_OVERFLOW,
+    OVERFLOW_SETTING,
+    complete_settings,
+    has_json_mode,
+    overflow_of,
+    thinking_of,
+    with_json_mode,
+    with_overflow,
+    with_thinking,
+)
 from app.service.reasoning import stored_format
 from app.store import StoreError
 from app.ui.answer_saves import RETRY_INTERVAL_MS, PendingSaves
-from app.ui.chat_answer import ChatAnswer, Extension, conversation
+from app.ui.chat_answer import ChatAnswer, Extension, conversation, conversation_ids
 from app.ui.chat_attaching import AttachingImages
 from app.ui.chat_draft import KeepingDraft
 from app.ui.chat_tab_ui import build_chat_tab
@@ -90,6 +100,9 @@ class ChatTab(AttachingImages, KeepingDraft, QWidget):
         self.answer.tokens_used.connect(lambda used: self.context_meter.show_used(used, self.backend.context_length))
         self.answer.ended.connect(self._answer_ended)
         self.answer.model_swapped.connect(self._start_answer)
+        self.answer.view_began.connect(self._view_began)
+        self._prompt_ids: list[int] = []  # the message ids of the prompt being answered, in prompt order
+        self._view_start_id: int | None = None  # the first message the model still saw in the last answer
         self._saves.failed.connect(self._save_failed)
         self._saves.saved.connect(self._save_recovered)
         self._save_notice = ""
@@ -105,6 +118,7 @@ class ChatTab(AttachingImages, KeepingDraft, QWidget):
         self._notice_action: Callable[[], Any] | None = None
 
         build_chat_tab(self)
+        self.context_meter.follow(self.input, self.refresh_context_meter)  # the message being typed counts too
         self.reload()
         self._restore_draft()
 
@@ -135,7 +149,7 @@ class ChatTab(AttachingImages, KeepingDraft, QWidget):
 
     def set_settings(self, settings: dict[str, Any]) -> None:
         """Use and save `settings` for this chat's next answers; the chat keeps its JSON mode and thinking switch."""
-        kept = with_thinking(with_json_mode(settings, self.json_mode), self.thinking)
+        kept = with_overflow(with_thinking(with_json_mode(settings, self.json_mode), self.thinking), self.overflow)
         self.store.update_chat(self.chat_id, settings=kept)
         self.chat = self.store.get_chat(self.chat_id)
 
@@ -167,6 +181,16 @@ class ChatTab(AttachingImages, KeepingDraft, QWidget):
         if self.thinking_box.isChecked() != on:
             self.thinking_box.setChecked(on)
 
+    @property
+    def overflow(self) -> str | None:
+        """This chat's context-overflow policy (None: the app's default)."""
+        return overflow_of(self.chat.settings)
+
+    def set_overflow(self, policy: str | None) -> None:
+        """What this chat's next answers do past the context ("stop", "truncate-middle", "rolling-window"); saved."""
+        self.store.update_chat(self.chat_id, settings=with_overflow(self.chat.settings, policy))
+        self.chat = self.store.get_chat(self.chat_id)
+
     def rename(self, title: str) -> None:
         title = " ".join(title.split())
         if not title:
@@ -185,6 +209,7 @@ class ChatTab(AttachingImages, KeepingDraft, QWidget):
         for message in self.store.messages(self.chat_id):  # the visible thread
             if self.shows(message):
                 self._add_widget(message)
+        self.view.set_view_start(self._view_start_id)
         self._update_controls()
         self.refresh_context_meter()
 
@@ -356,6 +381,7 @@ class ChatTab(AttachingImages, KeepingDraft, QWidget):
         # its text as the assistant's unfinished turn; otherwise the whole visible thread.
         before = extension.widget.message_id if extension is not None else self._regenerating
         messages, shas = conversation(self.store, self.chat_id, self.backend.can_see_images, before)
+        self._prompt_ids = conversation_ids(self.store, self.chat_id, before)
         if extension is not None:
             messages.append({"role": "assistant", "content": extension.text})
         if not self.backend.can_see_images:
@@ -375,6 +401,10 @@ class ChatTab(AttachingImages, KeepingDraft, QWidget):
         if self._regenerating is not None:
             self._regenerating = None  # its new version is stored: the visible thread runs through it now
             self._show_versions(streaming=True)
+        self.view.set_view_start(self._view_start_id)
+
+    def _view_began(self, index: int) -> None:
+        self._view_start_id = self._prompt_ids[index] if 0 <= index < len(self._prompt_ids) else None
 
     def _answer_ended(self, notice: str, answered: bool) -> None:
         self._branch_answer_ended(answered)
@@ -387,6 +417,8 @@ class ChatTab(AttachingImages, KeepingDraft, QWidget):
         if answered:
             self.chat_changed.emit(self.chat_id)
         self.generation_finished.emit(self.chat_id)
+        if answered and self.answer.filled_context:  # the policy frees room: write on instead of stopping mid-sentence
+            QTimer.singleShot(0, self.continue_answer)
 
     @property
     def save_error(self) -> str | None:
@@ -528,9 +560,13 @@ class ChatTab(AttachingImages, KeepingDraft, QWidget):
         try:
             messages, shas = conversation(self.store, self.chat_id, self.backend.can_see_images)
             pictures = [self.store.attachment_path(sha) for sha in shas]  # headers only: sizes decide the count
+            policy = self.overflow or self.store.get_setting(OVERFLOW_SETTING, DEFAULT_OVERFLOW)
+            self.context_meter.stops_at_limit = policy == "stop"
         except StoreError as e:  # a deferred count that fires after the store closed (the app shutting down)
             log.info("chat %s: context not counted: %s", self.chat_id, e)
             return None
+        draft = self.input.toPlainText() if self._editing_id is None and not self.is_streaming else ""
+        messages += [{"role": "user", "content": draft}] if draft.strip() else []
         return self.context_meter.count(self.backend, messages, self.chat.system_prompt, pictures)
 
     def _save_system_prompt(self) -> None:

@@ -90,6 +90,9 @@ class MainWindow(ChatFiles, ModelSide, QMainWindow):
         self.tabs.tabBarDoubleClicked.connect(self.ask_rename)
         self.sampler_panel = SamplerPanel(store)
         self.sampler_panel.settings_changed.connect(self._settings_edited)
+        self.sampler_panel.overflow_changed.connect(
+            lambda policy: (tab := self.current_tab()) is not None and tab.set_overflow(policy)
+        )
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
         for widget, stretch in ((self.sidebar, 0), (self.tabs, 1), (self.sampler_panel, 0)):
             self.splitter.addWidget(widget)
@@ -312,6 +315,7 @@ class MainWindow(ChatFiles, ModelSide, QMainWindow):
         tab = self.tabs.widget(index)
         if tab is not None:
             self.sampler_panel.set_settings(tab.settings())
+            self.sampler_panel.set_overflow(tab.overflow)
             self.setWindowTitle(f"{tab.title} — Tandem")
         self._save_tabs()
 

@@ -27,6 +27,7 @@ from shiboken6 import isValid
 
 from app.service.reasoning import split, stored_format
 from app.service.workers import FILES, submit
+from app.ui.context_divider import ContextDivider
 from app.ui.rich_text import COPY_CODE_SCHEME, code_blocks, markdown_to_html, warm_up
 from app.ui.theme import is_dark
 from app.ui.thinking_block import ThinkingBlock
@@ -179,6 +180,7 @@ class MessageWidget(QFrame):
         self.role = role
         self._text = text
         self._streaming = False
+        self._progress = ""  # how far a long prompt has been read, shown until the answer's first text
         self._stale = False  # the text changed while the message was hidden; render when shown
         self._render_timer = QTimer(self)
         self._render_timer.setSingleShot(True)
@@ -304,11 +306,23 @@ class MessageWidget(QFrame):
         elif not self._render_timer.isActive():
             self._render_timer.start()
 
+    def set_prefill(self, read: int, total: int) -> None:
+        """Say how much of a long prompt the model has read, in place of "…" until the answer's first text."""
+        self._progress = f"Reading the conversation: {read:,} / {total:,} tokens"
+        if self._streaming and not self._text:
+            self._render()
+
+    @property
+    def progress_text(self) -> str:
+        """What an answer with no text yet shows ("" for "…")."""
+        return self._progress
+
     def set_streaming(self, streaming: bool) -> None:
         self._streaming = streaming
         if streaming:
             warm_up_code_highlighting()  # already started by the window, if there is one
         self.copy_button.setEnabled(not streaming)
+        self._progress = ""
         if not streaming:
             # The last render waits its turn too: answers streamed side by side also end together.
             self._render_timer.stop()
@@ -358,7 +372,8 @@ class MessageWidget(QFrame):
             thinking = self._streaming and self._think_started is not None and self.thinking_seconds is None
             self.thinking.set_reasoning(reasoning, thinking, self.thinking_seconds)
             # Code blocks carry their own colours (pygments), so they are picked for the scheme in use.
-            self.body.setHtml(markdown_to_html(answer, dark=is_dark()) or ("" if reasoning else "<i>…</i>"))
+            waiting = f"<i>{self._progress or '…'}</i>"
+            self.body.setHtml(markdown_to_html(answer, dark=is_dark()) or ("" if reasoning else waiting))
         # Rendering the whole text grows with it: space the next streaming render so it takes RENDER_SHARE.
         spent_ms = (time.perf_counter() - started) * 1000
         self._render_timer.setInterval(max(RENDER_INTERVAL_MS, math.ceil(spent_ms / RENDER_SHARE)))
@@ -389,6 +404,7 @@ class MessageView(QScrollArea):
         self._layout.addStretch()
         self.setWidget(inner)
         self._follow = True
+        self.divider: ContextDivider | None = None  # above the first message the model still sees, when any
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(lambda value: setattr(self, "_follow", value >= bar.maximum() - 8))
         bar.rangeChanged.connect(lambda _lo, hi: self._follow and bar.setValue(hi))
@@ -408,10 +424,36 @@ class MessageView(QScrollArea):
         for widget in self.message_widgets():
             found = found or widget.message_id == message_id
             if found:
+                if self.divider_before() == widget.message_id:
+                    self.set_view_start(None)
                 self._layout.removeWidget(widget)
                 widget.deleteLater()
 
     def clear(self) -> None:
+        self.set_view_start(None)
         for widget in self.message_widgets():
             self._layout.removeWidget(widget)
             widget.deleteLater()
+
+    def set_view_start(self, message_id: int | None) -> None:
+        """Put the "no longer seen" divider above the message `message_id` (None, or one not shown: none)."""
+        target = next((w for w in self.message_widgets() if w.message_id == message_id), None)
+        if target is None:
+            if self.divider is not None:
+                self._layout.removeWidget(self.divider)
+                self.divider.deleteLater()
+                self.divider = None
+            return
+        if self.divider is None:
+            self.divider = ContextDivider()
+        else:
+            self._layout.removeWidget(self.divider)
+        self._layout.insertWidget(self._layout.indexOf(target), self.divider)
+
+    def divider_before(self) -> int | None:
+        """The message id the divider sits above (None: no divider)."""
+        if self.divider is None:
+            return None
+        item = self._layout.itemAt(self._layout.indexOf(self.divider) + 1)
+        widget = item.widget() if item is not None else None
+        return widget.message_id if isinstance(widget, MessageWidget) else None

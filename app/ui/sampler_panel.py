@@ -26,7 +26,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.service.generation import MAX_NEW_TOKENS_LIMIT, MAX_SEED, SAMPLER_FIELDS, complete_settings, sampler_settings
+from app.service.generation import (
+    DEFAULT_OVERFLOW,
+    MAX_NEW_TOKENS_LIMIT,
+    MAX_SEED,
+    SAMPLER_FIELDS,
+    complete_settings,
+    sampler_settings,
+)
 from app.ui.collapsible_section import CollapsibleSection
 from app.ui.sampler_fields import BASIC_FIELDS, FIELDS, GROUPS, Field, make_control, read_value, show_value
 
@@ -36,6 +43,13 @@ log = logging.getLogger(__name__)
 
 # Whether the "Advanced" section was open, remembered across panels and restarts.
 ADVANCED_OPEN_SETTING = "sampler_panel.advanced_open"
+# What a chat does past the model's context: (policy, shown as); None is the app's default.
+OVERFLOW_CHOICES: tuple[tuple[str | None, str], ...] = (
+    (None, f"Default ({DEFAULT_OVERFLOW.replace('-', ' ')})"),
+    ("stop", "Stop at the limit"),
+    ("truncate-middle", "Truncate the middle"),
+    ("rolling-window", "Rolling window"),
+)
 
 
 class SamplerPanel(QWidget):
@@ -46,6 +60,7 @@ class SamplerPanel(QWidget):
     """
 
     settings_changed = Signal(dict)
+    overflow_changed = Signal(object)  # the chat's context-overflow policy (None: the app's default)
 
     def __init__(self, store: Any = None, parent: QWidget | None = None):
         super().__init__(parent)
@@ -120,7 +135,24 @@ class SamplerPanel(QWidget):
         seed_row.addWidget(self.fixed_seed_check)
         seed_row.addWidget(self.seed_spin, 1)
         form.addRow("Seed", seed_row)
+        self.overflow_combo = QComboBox()
+        for policy, label in OVERFLOW_CHOICES:
+            self.overflow_combo.addItem(label, policy)
+        self.overflow_combo.setToolTip(
+            "When the chat outgrows the model's context: stop, or leave the oldest turns out of the prompt (they "
+            "stay in the chat, under a divider) and keep answering"
+        )
+        self.overflow_combo.activated.connect(lambda i: self.overflow_changed.emit(self.overflow_combo.itemData(i)))
+        form.addRow("Context overflow", self.overflow_combo)
         return form
+
+    def set_overflow(self, policy: str | None) -> None:
+        """Show the chat's overflow policy (None: the app's default) without emitting overflow_changed."""
+        self.overflow_combo.setCurrentIndex(max(0, self.overflow_combo.findData(policy)))
+
+    @property
+    def overflow(self) -> str | None:
+        return self.overflow_combo.currentData()
 
     def _build_advanced(self) -> CollapsibleSection:
         body = QWidget()

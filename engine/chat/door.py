@@ -1,12 +1,14 @@
 """ChatFrontDoor: the one way from a chat to a job, for the app's local backend and the server alike.
 
     embed_image(bytes, key)       image -> MMEmbedding through this model's EmbeddingCache   (blocking)
-    prompt_ids(ChatRequest)       template_inputs -> encode_chat -> ids [1, n]               (blocking)
+    prompt(ChatRequest)           template_inputs -> overflow policy -> encode_chat -> ChatPrompt (blocking)
+    prompt_ids(ChatRequest)       prompt(...).ids [1, n]                                     (blocking)
     fit(num_prompt, answer)       room in the context -> max_new_tokens, else ContextOverflow
     start_job(generator, ids, answer, max_new_tokens=..., images=...) -> DynamicJobAsync    (event loop)
 
 Every step is synchronous: each caller decides what runs off its event loop (the app's worker threads, the
-server's). A context-overflow policy and tool definitions plug into `template_inputs`.
+server's). The context-overflow policy (engine.chat.overflow) applies in `prompt`; tool definitions plug into
+`template_inputs`.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import hashlib
 import logging
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from engine.chat.errors import ContextOverflow, NoVisionError
 from engine.chat.images import IMAGE_CACHE_SIZE, EmbeddingCache
+from engine.chat.overflow import keep_messages
 from engine.chat.prompt import encode_chat
 from engine.chat.request import AnswerOptions, ChatRequest
 from engine.chat_template import ChatTemplate
@@ -35,6 +39,21 @@ log = logging.getLogger(__name__)
 
 # What "JSON mode" holds an answer to: one JSON object, any keys and values.
 JSON_MODE_SCHEMA = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A request's prompt ids [1, n], the image embeddings in them (those of the messages still seen), and
+    which of the request's messages the overflow policy dropped (indices into `request.messages`)."""
+
+    ids: torch.Tensor
+    images: tuple[MMEmbedding, ...]
+    dropped: range
+
+    @property
+    def first_seen(self) -> int | None:
+        """Index in `request.messages` where the model's view resumes after dropped turns; None: all seen."""
+        return self.dropped.stop if self.dropped else None
 
 
 class ChatFrontDoor:
@@ -118,9 +137,10 @@ class ChatFrontDoor:
             messages.insert(0, {"role": "system", "content": request.system_prompt})
         return messages, dict(request.template_options)
 
-    def prompt_ids(self, request: ChatRequest) -> torch.Tensor:
-        """Token ids [1, n] of `request` in the chat template, ending with the prompt for the assistant's reply
-        (blocking: a template may render for up to its time limit).
+    def prompt(self, request: ChatRequest, reserve: int | None = None) -> ChatPrompt:
+        """The prompt of `request` in the chat template, ending with the prompt for the assistant's reply, after
+        its overflow policy kept what fits the context less `reserve` tokens for the answer (None: `answer_room`
+        of its answer). Blocking: a template may render for up to its time limit.
 
         Raises ChatTemplateError when the template rejects the conversation, NoVisionError when it holds
         images and the model cannot see, ValueError when the images and the image parts disagree.
@@ -129,7 +149,46 @@ class ChatFrontDoor:
         images = list(request.images)
         if (images or count_images(messages)) and self.vision is None:
             raise NoVisionError("The conversation holds images but this model cannot see them. Send text only.")
-        return encode_chat(self.tokenizer, self.template, messages, images, self.image_placeholder, **options)
+        reserve = self.answer_room(request.answer) if reserve is None else reserve
+        encoded: dict[tuple[int, ...], torch.Tensor] = {}  # each view the policy tries is rendered once
+
+        def ids_of(kept: Sequence[Mapping[str, Any]]) -> torch.Tensor:
+            key = tuple(map(id, kept))
+            if key not in encoded:
+                # All messages take all images, so encode_chat still refuses a count that disagrees with the parts.
+                kept_images = images if len(kept) == len(messages) else _images_of(kept, messages, images)
+                encoded[key] = encode_chat(
+                    self.tokenizer, self.template, kept, kept_images, self.image_placeholder, **options
+                )
+            return encoded[key]
+
+        budget = self.context_length - reserve
+        view = keep_messages(
+            messages, request.overflow, budget, lambda kept: int(ids_of(kept).shape[-1]), self._measure
+        )
+        offset = len(messages) - len(request.messages)  # the system prompt template_inputs put first
+        dropped = range(view.dropped.start - offset, view.dropped.stop - offset) if view.dropped else range(0)
+        kept_images = _images_of(view.messages, messages, images) if view.dropped else images
+        return ChatPrompt(ids_of(view.messages), tuple(kept_images), dropped)
+
+    def prompt_ids(self, request: ChatRequest) -> torch.Tensor:
+        """Token ids [1, n] of `request` (`prompt(request).ids`); the errors are `prompt`'s."""
+        return self.prompt(request).ids
+
+    def answer_room(self, answer: AnswerOptions) -> int:
+        """Tokens an overflow policy leaves free for the answer: what it asks for (at most half the context when
+        it may be shortened), else a quarter of the context."""
+        asked = answer.max_new_tokens
+        if asked is None:
+            return max(1, self.context_length // 4)
+        return min(asked, max(1, self.context_length // 2)) if answer.shorten_to_fit else asked
+
+    def _measure(self, message: Mapping[str, Any]) -> int:
+        """A message's own weight in tokens: its text's (image parts weigh nothing; only block bounds use it)."""
+        content = message.get("content")
+        if isinstance(content, list):
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+        return len(self.tokenizer.encode(str(content or "")).flatten())
 
     def fit(self, num_prompt: int, answer: AnswerOptions) -> int:
         """The new tokens the answer may have after a prompt of `num_prompt` tokens: what it asks for, or the
@@ -181,3 +240,17 @@ class ChatFrontDoor:
             prompt_penalties=answer.prompt_penalties,
             priority=answer.priority,
         )
+
+
+def _images_of(kept: Sequence[Mapping[str, Any]], messages: Sequence[Mapping[str, Any]], images: Sequence) -> list:
+    """The embeddings of the image parts of `kept` (some of `messages`, whose image parts are `images` in order)."""
+    if not images:
+        return []
+    wanted = {id(m) for m in kept}
+    out, at = [], 0
+    for m in messages:
+        n = count_images([m])
+        if id(m) in wanted:
+            out.extend(images[at : at + n])
+        at += n
+    return out

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from engine.chat.overflow import OverflowPolicy
 from engine.generator.filters import Filter
 from engine.generator.sampler_settings import SamplerSettings
 from engine.vision.embedding import MMEmbedding
@@ -50,15 +51,17 @@ class ChatRequest:
     first as a system message, and a user message may hold images as content parts ({"type": "image"}, see
     engine.vision.prompt.user_message) whose embeddings are `images`, in the order the parts appear.
     `template_options` become chat template variables (enable_thinking=False switches a Qwen3-style model's
-    thinking off)."""
+    thinking off). `overflow` is what happens when the conversation outgrows the context (engine.chat.overflow)."""
 
     messages: Sequence[Mapping[str, Any]]
     system_prompt: str = ""
     images: Sequence[MMEmbedding] = ()
     template_options: Mapping[str, Any] = field(default_factory=dict)
     answer: AnswerOptions = field(default_factory=AnswerOptions)
+    overflow: OverflowPolicy = OverflowPolicy.STOP
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "overflow", OverflowPolicy.parse(self.overflow))
         object.__setattr__(self, "messages", tuple(self.messages))
         object.__setattr__(self, "images", tuple(self.images))
         object.__setattr__(self, "template_options", MappingProxyType(dict(self.template_options)))

@@ -96,7 +96,7 @@ def create_app(
         req = chat_request(await read_json(request, options.max_body_bytes))
         served = serving()  # one model for the whole request, even if the app swaps models meanwhile
         served.check_model(req.generation.model)
-        ids, images = await served.chat_prompt(read_messages(req.messages), req.template_options)
+        ids, images = await served.chat_prompt(read_messages(req.messages), req.template_options, req.generation)
         job = served.start_job(ids, images, req.generation)
         return await _reply(request, served, job, req.generation, ChatFormat(served.model_id, req.generation.logprobs))
 

@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 
+from engine.chat.overflow import OverflowPolicy
 from engine.loading.builtin import MODEL_HELP
 from engine.server.sizing import CACHE_TOKENS
 
@@ -56,8 +57,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="most tokens of one request, prompt + completion (default: the model's context, at most 8192)",
     )
+    p.add_argument(
+        "--context-overflow",
+        choices=[p.value for p in OverflowPolicy],
+        default=OverflowPolicy.STOP.value,
+        help="a chat longer than --context: stop (400, the default), truncate-middle (keep the system prompt and "
+        "first exchange, drop the oldest turns after them) or rolling-window (drop the oldest turns)",
+    )
     p.add_argument("--model-id", default=None, help="the model's name in the API (default: the file or folder name)")
     p.add_argument("--max-body-mb", type=float, default=32.0, help="largest request body in MiB (default 32)")
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        help="also keep finished KV pages in this folder (at most 2 GB), so a restarted server reads a long "
+        "prompt's prefix back instead of computing it (default: memory only)",
+    )
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
     p.add_argument("--device", default="cpu", help="cpu or cuda")
 
@@ -120,7 +134,13 @@ def run(args: argparse.Namespace, model_path) -> int:
         max_concurrent=max_concurrent,
         max_queue=args.max_queue,
         cache_tokens=cache_tokens,
+        overflow=args.context_overflow,
     )
+    if args.cache_dir is not None:
+        try:
+            served.cache.use_disk(args.cache_dir)  # before the generator starts: it reads the cache's disk tier
+        except OSError as e:
+            raise ValueError(f"--cache-dir {args.cache_dir} cannot be used ({e}); pass a writable folder") from e
     api_key = args.api_key or os.environ.get("TANDEM_API_KEY") or None
     options = ServerOptions(api_key=api_key, max_body_bytes=int(args.max_body_mb * 1024 * 1024))
     sock = bind(args.host, args.port)

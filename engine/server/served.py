@@ -25,6 +25,7 @@ import torch
 from engine.cache import Cache
 from engine.chat.door import ChatFrontDoor
 from engine.chat.errors import ContextOverflow
+from engine.chat.overflow import OverflowPolicy
 from engine.chat.request import AnswerOptions, ChatRequest
 from engine.chat_template import ChatTemplate
 from engine.errors import ChatTemplateError
@@ -49,7 +50,8 @@ class ServedModel:
     the cache's free pages hold their prompt and completion (`cache_tokens` sizes it, engine/server/sizing.py);
     `max_concurrent`, when given, caps them too. `max_queue` is the requests allowed to wait beyond the
     most that can run before the server answers 503. `priority` is its jobs' place in the generator's
-    admission order (DynamicJob.priority): a shared generator's owner puts its own jobs first.
+    admission order (DynamicJob.priority): a shared generator's owner puts its own jobs first. `overflow` is
+    what a chat longer than the context gets (engine.chat.overflow): `stop` answers 400, the others drop turns.
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class ServedModel:
         cache: Cache | None = None,
         vision: Any = None,
         chat: ChatFrontDoor | None = None,
+        overflow: OverflowPolicy | str = OverflowPolicy.STOP,
     ):
         """`tokenizer`, `template`, `cache` and `vision` default to the model's own and a new cache; `chat`, the
         front door requests go through, to a new one over them (pass the owner's to share its image cache)."""
@@ -92,6 +95,7 @@ class ServedModel:
                 f"({context}); serve the context the door was built with"
             )
         self.chat = chat
+        self.overflow = OverflowPolicy.parse(overflow)
         # Chat replies put a reasoning model's thinking in reasoning_content (as vLLM and DeepSeek's API do).
         self.reasoning = chat.reasoning
         self.max_concurrent = max_concurrent
@@ -124,6 +128,7 @@ class ServedModel:
         max_queue: int = 64,
         priority: int = 0,
         chat: ChatFrontDoor | None = None,
+        overflow: OverflowPolicy | str = OverflowPolicy.STOP,
     ) -> ServedModel:
         """Serve a model someone else loaded and runs (the app): requests' jobs join `generator`, which this
         object neither starts nor closes; `max_concurrent` and `max_queue` only bound the requests let in, and
@@ -141,6 +146,7 @@ class ServedModel:
             cache=cache,
             vision=vision,
             chat=chat,
+            overflow=overflow,
         )
         served.generator = generator
         served._owns_generator = False
@@ -196,18 +202,30 @@ class ServedModel:
                 code="model_not_found",
             )
 
-    async def chat_prompt(self, chat: ChatInput, options: dict[str, Any] | None = None) -> tuple[torch.Tensor, list]:
-        """(prompt ids [1, n], image embeddings) of a conversation, through the model's chat template with
-        `options` as template variables (chat_template_kwargs)."""
+    async def chat_prompt(
+        self, chat: ChatInput, options: dict[str, Any] | None = None, generation: Generation | None = None
+    ) -> tuple[torch.Tensor, list]:
+        """(prompt ids [1, n], image embeddings in them) of a conversation, through the model's chat template with
+        `options` as template variables (chat_template_kwargs). Past the context, the overflow policy keeps the
+        turns that leave room for `generation`'s max_tokens (a quarter of the context when it asks none)."""
         images = await self._embed(chat.images)
-        request = ChatRequest(chat.messages, images=images, template_options=options or {})
+        request = ChatRequest(chat.messages, images=images, template_options=options or {}, overflow=self.overflow)
+        asked = generation.max_tokens if generation is not None else None
+        reserve = self.chat.answer_room(AnswerOptions(max_new_tokens=asked, shorten_to_fit=False))
         try:
-            ids = await asyncio.to_thread(self.chat.prompt_ids, request)
+            prompt = await asyncio.to_thread(self.chat.prompt, request, reserve)
         except ChatTemplateError as e:
             raise bad_request(str(e), "messages") from None
         except ValueError as e:
             raise bad_request(f"The messages cannot be put into this model's chat template: {e}", "messages") from None
-        return ids, images
+        if prompt.dropped:
+            log.info(
+                "context overflow (%s): dropped messages %d to %d",
+                self.overflow.value,
+                prompt.dropped.start,
+                prompt.dropped.stop - 1,
+            )
+        return prompt.ids, list(prompt.images)
 
     async def completion_prompt(self, prompt: str | list[int]) -> torch.Tensor:
         """Prompt ids [1, n] of a raw prompt: special-token text is read as special tokens (as Hugging Face

@@ -38,13 +38,13 @@ def test_the_local_engine_and_a_remote_server_are_backends(local):
 def test_start_answer_streams_what_start_job_gives_for_the_same_prompt(loop, local):
     encoded_on: list[int] = []
     answering = local.local_backend  # EngineService answers through its LocalBackend
-    encode = answering.encode_chat
+    encode, build = answering.encode_chat, answering.prompt  # start_answer builds through `prompt`
 
     def spy(*args):
         encoded_on.append(threading.get_ident())
-        return encode(*args)
+        return build(*args)
 
-    answering.encode_chat = spy
+    answering.prompt = spy
 
     async def answer():
         job = await local.start_answer(CHAT, "Be brief.", [], GREEDY, identifier="tab-1")
@@ -53,7 +53,7 @@ def test_start_answer_streams_what_start_job_gives_for_the_same_prompt(loop, loc
 
     results = run(loop, answer())
     assert encoded_on and threading.get_ident() not in encoded_on  # the template ran off the calling thread
-    answering.encode_chat = encode
+    answering.prompt = build
     ids = encode(CHAT, "Be brief.")
 
     async def direct():

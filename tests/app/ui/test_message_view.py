@@ -201,3 +201,16 @@ def test_a_hidden_message_renders_when_shown(qtbot):
     assert back.body.toPlainText() != "streamed text"
     tabs.setCurrentWidget(back)
     assert back.body.toPlainText() == "streamed text"
+
+
+def test_an_answer_waiting_for_a_long_prompt_says_how_much_is_read(qtbot):
+    widget = MessageWidget(9, "assistant", "")
+    qtbot.addWidget(widget)
+    widget.set_streaming(True)
+    assert "…" in widget.body.toPlainText()
+    widget.set_prefill(1200, 7300)
+    assert widget.body.toPlainText() == "Reading the conversation: 1,200 / 7,300 tokens"
+    widget.set_text("Hello")
+    widget.set_streaming(False)
+    qtbot.waitUntil(lambda: widget.body.toPlainText() == "Hello")  # the last render takes its turn
+    assert widget.progress_text == ""

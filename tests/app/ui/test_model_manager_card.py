@@ -2,7 +2,7 @@
 
 Models: a GGUF written by tools/make_bench_model.py (2 layers, hidden 256, the starter's vocabulary, a 131,072
 token context), the tiny Llama and LLaVA folders, the starter as the catalog knows it before its download, and
-a .gguf of garbage. Issue [N]: double-clicking the model already loaded does not load it again.
+a .gguf of garbage. Double-clicking the model already loaded does not load it again.
 """
 
 from __future__ import annotations
