@@ -17,11 +17,13 @@ from engine.generator.results import Result
 
 class EngineAnswer:
     """An AnswerJob over one engine job (`job`, a DynamicJobAsync). `first_seen` is the index of the message
-    the model's view resumes at when the overflow policy dropped older turns (None: it sees them all)."""
+    the model's view resumes at when the overflow policy dropped older turns (None: it sees them all);
+    `context_capped`: the job may make fewer tokens than the settings ask, because the context ends first."""
 
-    def __init__(self, job: DynamicJobAsync, first_seen: int | None = None):
+    def __init__(self, job: DynamicJobAsync, first_seen: int | None = None, context_capped: bool = False):
         self.job = job
         self.first_seen = first_seen
+        self.context_capped = context_capped
         self.prefill: tuple[int, int] | None = None  # (prompt tokens read, of how many) while the prompt is read
 
     def __aiter__(self) -> AsyncIterator[AnswerChunk]:

@@ -145,7 +145,8 @@ class LocalBackend:
                 "tokens. Start a new chat (Ctrl+T) or edit an earlier message."
             ) from None
         job = self._start(loaded, prompt.ids, answer, max_new_tokens, prompt.images)
-        return EngineAnswer(job, first_seen=prompt.first_seen)
+        # a job shorter than the settings ask ends at the context's end, not at its own limit
+        return EngineAnswer(job, first_seen=prompt.first_seen, context_capped=max_new_tokens < answer.max_new_tokens)
 
     async def embed_images(self, images: Sequence[ImageSource]) -> list[MMEmbedding]:
         """Embeddings of `images` (file paths, or encoded bytes) for the current model, in order.

@@ -79,7 +79,6 @@ class _Stream:
     inside: bool = False  # the prompt opened the reasoning block: the answer began as thinking
     prefix: str = ""  # a continued answer's text before this job: the job's full_completion follows it
     base_tokens: int = 0  # ...and its tokens
-    max_new_tokens: int = 0  # the settings' cap: a job ended short of it at its length limit met the context's end
     overflow: str = "stop"
 
 
@@ -305,7 +304,7 @@ class ChatAnswer(QObject):
         return ""
 
     def _track(self, stream: _Stream, settings: GenerationSettings, job: AnswerJob) -> None:
-        stream.max_new_tokens, stream.overflow = settings.max_new_tokens, settings.overflow or "stop"
+        stream.overflow = settings.overflow or "stop"
         self._prefill_timer.start()
         # Only the local engine applies a policy and says where the model's view begins.
         first_seen = getattr(job, "first_seen", None)
@@ -364,10 +363,10 @@ class ChatAnswer(QObject):
             if stream.widget.thinking_seconds is not None:
                 stats["thinking_seconds"] = round(stream.widget.thinking_seconds, 2)
         self._write(stream, stats=stats, complete=complete)
-        self.filled_context = (
+        self.filled_context = (  # only the local engine's answers know: a server's "length" may be either limit
             complete
             and stream.eos.get("eos_reason") == "max_new_tokens"
-            and stream.num_tokens - stream.base_tokens < stream.max_new_tokens
+            and getattr(self._job, "context_capped", False)
             and stream.overflow != "stop"
         )
         stream.widget.set_streaming(False)
