@@ -8,36 +8,14 @@ of 4 pages with no queue; --cache-tokens below one context; zero or negative lim
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
-from contextlib import contextmanager
 
 import openai
 import pytest
 
-from engine.server.app import create_app
-from engine.server.command import bind, make_server, url_of
 from engine.server.served import ServedModel
 from engine.server.sizing import CACHE_TOKENS, cache_size
 
 LONG = 400  # tokens of each long stream: far more steps than a short request needs to start
-
-
-@contextmanager
-def running(served: ServedModel):
-    server = make_server(create_app(served))
-    sock = bind("127.0.0.1", 0)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), name="test-uvicorn")
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
-    try:
-        yield url_of(sock)
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def test_the_cache_size_is_a_token_budget_of_at_least_one_context():
@@ -64,10 +42,10 @@ async def _stream(client: openai.AsyncOpenAI, name: str, prompt: str, tokens: in
     events.append(("done", name))
 
 
-def test_many_streams_run_at_once_and_a_short_request_starts_before_they_end(tiny_model):
+def test_many_streams_run_at_once_and_a_short_request_starts_before_they_end(serving, tiny_model):
     served = ServedModel(tiny_model, "tiny", context=512, page_size=16, cache_tokens=16 * 512)
     num_long = 12  # beyond the fixed 8 of a request count
-    with running(served) as url:
+    with serving(served) as url:
 
         async def main() -> list:
             client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
@@ -91,10 +69,10 @@ def test_many_streams_run_at_once_and_a_short_request_starts_before_they_end(tin
     assert served.max_concurrent is None and served.generator.generator.max_batch_size > num_long
 
 
-def test_past_what_can_run_and_the_queue_comes_503_naming_the_limit(tiny_model):
+def test_past_what_can_run_and_the_queue_comes_503_naming_the_limit(serving, tiny_model):
     served = ServedModel(tiny_model, "tiny", context=64, page_size=16, cache_tokens=64, max_queue=0)
     assert served.cache.num_pages == 4
-    with running(served) as url:
+    with serving(served) as url:
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
         streams = [
             client.completions.create(

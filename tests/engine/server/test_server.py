@@ -15,9 +15,7 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -25,33 +23,13 @@ import openai
 import pytest
 
 from engine.models import Model
-from engine.server.app import ServerOptions, create_app
-from engine.server.command import bind, make_server, url_of
+from engine.server.app import ServerOptions
 from engine.server.served import ServedModel
 
 ROOT = Path(__file__).resolve().parents[3]
 KEY = "test-key"
 CONTEXT = 1024
 USER = [{"role": "user", "content": "Name three colours."}]
-
-
-@contextmanager
-def running(served: ServedModel, options: ServerOptions | None = None):
-    """Serve on a free port of 127.0.0.1; yields the base URL (".../v1")."""
-    server = make_server(create_app(served, options or ServerOptions()))
-    sock = bind("127.0.0.1", 0)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), name="test-uvicorn")
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
-    try:
-        yield url_of(sock)
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        assert not thread.is_alive(), "the server did not stop"
 
 
 def client(url: str, key: str = KEY) -> openai.OpenAI:
@@ -91,10 +69,10 @@ def starter_model(starter_gguf):
 
 
 @pytest.fixture(scope="module")
-def server(starter_model):
+def server(serving, starter_model):
     """(url, served): the starter behind an API key, 8 jobs at once, 64 KiB bodies at most."""
     served = ServedModel(starter_model, "starter", context=CONTEXT, max_concurrent=8)
-    with running(served, ServerOptions(api_key=KEY, max_body_bytes=64 * 1024)) as url:
+    with serving(served, ServerOptions(api_key=KEY, max_body_bytes=64 * 1024)) as url:
         yield url, served
 
 
@@ -161,7 +139,7 @@ async def ask(c, messages, stream: bool, max_tokens: int = 24) -> str:
     return "".join([ch.choices[0].delta.content or "" async for ch in chunks])
 
 
-def test_concurrent_requests_equal_their_solo_answers(starter_model):
+def test_concurrent_requests_equal_their_solo_answers(serving, starter_model):
     # Two fresh servers, so each prompt meets the same (empty) cache alone and beside the others.
     async def solo(url):
         c = async_client(url)
@@ -174,14 +152,14 @@ def test_concurrent_requests_equal_their_solo_answers(starter_model):
     answers = []
     for run in (solo, together):
         served = ServedModel(starter_model, "starter", context=CONTEXT, max_concurrent=8)
-        with running(served) as url:
+        with serving(served) as url:
             answers.append(asyncio.run(run(url)))
     assert all(answers[0]) and answers[1] == answers[0]
 
 
-def test_a_repeated_greedy_request_gives_the_same_text(starter_model):
+def test_a_repeated_greedy_request_gives_the_same_text(serving, starter_model):
     served = ServedModel(starter_model, "starter", context=CONTEXT, max_concurrent=8)
-    with running(served) as url:
+    with serving(served) as url:
 
         async def twice():
             c = async_client(url)
@@ -303,7 +281,7 @@ def test_presence_and_frequency_penalties_count_the_completion_not_the_prompt(se
     assert penalised.choices[0].text != plain.choices[0].text  # the completion's own repeats are penalised
 
 
-def test_a_vision_model_reads_data_url_images():
+def test_a_vision_model_reads_data_url_images(serving):
     if "demo_vision_shapes" not in sys.modules:  # a development tool, not a package: loaded by path
         spec = importlib.util.spec_from_file_location("demo_vision_shapes", ROOT / "tools/demo_vision/shapes.py")
         sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
@@ -316,7 +294,7 @@ def test_a_vision_model_reads_data_url_images():
         "image_url": {"url": "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()},
     }
     served = ServedModel(Model.load(ROOT / "assets/demo-vision"), "demo", context=256, max_concurrent=2)
-    with running(served) as url:
+    with serving(served) as url:
         reply = client(url).chat.completions.create(
             model="demo",
             messages=[{"role": "user", "content": [image, {"type": "text", "text": "Describe this image."}]}],
@@ -368,9 +346,9 @@ def test_each_error_has_openai_shape_and_status(server):
     assert status == 404 and set(body["error"]) == {"message", "type", "param", "code"}
 
 
-def test_a_full_queue_answers_503_until_a_slot_frees(starter_model):
+def test_a_full_queue_answers_503_until_a_slot_frees(serving, starter_model):
     served = ServedModel(starter_model, "starter", context=CONTEXT, max_concurrent=1, max_queue=0)
-    with running(served) as url:
+    with serving(served) as url:
         c = client(url)
         long = c.chat.completions.create(
             model="starter", messages=USER, max_tokens=900, stream=True, extra_body={"min_tokens": 900}

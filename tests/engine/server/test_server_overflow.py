@@ -7,37 +7,14 @@ Bad inputs tried: a policy name the flag does not know.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import threading
-import time
-from contextlib import contextmanager
 
 import openai
 import pytest
 
-from engine.server.app import create_app
-from engine.server.command import add_arguments, bind, make_server, url_of
+from engine.server.command import add_arguments
 from engine.server.served import ServedModel
 
 CONTEXT = 256
-
-
-@contextmanager
-def running(served: ServedModel):
-    """Serve on a free port of 127.0.0.1; yields the base URL (".../v1")."""
-    server = make_server(create_app(served))
-    sock = bind("127.0.0.1", 0)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), name="test-uvicorn")
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
-    try:
-        yield url_of(sock)
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def long_chat(turns: int = 30) -> list[dict]:
@@ -56,15 +33,15 @@ def ask(url: str, max_tokens: int = 16):
 
 
 @pytest.mark.parametrize("policy", ["truncate-middle", "rolling-window"])
-def test_a_chat_longer_than_the_context_is_answered_with_a_dropping_policy(tiny_model, policy):
-    with running(ServedModel(tiny_model, "tiny", context=CONTEXT, overflow=policy)) as url:
+def test_a_chat_longer_than_the_context_is_answered_with_a_dropping_policy(serving, tiny_model, policy):
+    with serving(ServedModel(tiny_model, "tiny", context=CONTEXT, overflow=policy)) as url:
         reply = ask(url)
     assert reply.usage.completion_tokens >= 1 and reply.choices[0].message.content is not None
     assert reply.usage.prompt_tokens + 16 <= CONTEXT
 
 
-def test_the_default_answers_400_with_both_numbers(tiny_model):
-    with running(ServedModel(tiny_model, "tiny", context=CONTEXT)) as url:
+def test_the_default_answers_400_with_both_numbers(serving, tiny_model):
+    with serving(ServedModel(tiny_model, "tiny", context=CONTEXT)) as url:
         with pytest.raises(openai.BadRequestError) as refused:
             ask(url)
     assert refused.value.code == "context_length_exceeded"

@@ -22,7 +22,7 @@ from engine.server.served import ServedModel
 _spec = importlib.util.spec_from_file_location("server_tests", Path(__file__).with_name("test_server.py"))
 _server_tests = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_server_tests)
-running, client = _server_tests.running, _server_tests.client
+client = _server_tests.client
 
 QUESTION = [{"role": "user", "content": "Colours?"}]
 
@@ -48,11 +48,11 @@ def raw_text(url: str, ids) -> str:
     return reply.choices[0].text
 
 
-def test_thinking_comes_apart_from_the_answer_whole_and_streamed(tmp_path, reasoning_models):
+def test_thinking_comes_apart_from_the_answer_whole_and_streamed(serving, tmp_path, reasoning_models):
     model = reasoning_models.tiny_qwen3(tmp_path, reasoning_models.R1_STYLE)
     served = ServedModel(model, "m", context=256, max_concurrent=2)
     assert served.reasoning is not None
-    with running(served) as url:
+    with serving(served) as url:
         ids = encode_chat(model.tokenizer, served.template, QUESTION)
         prompt = model.tokenizer.decode(ids, decode_special_tokens=True)
         assert prompt.endswith("<think>\n")  # the template opened the block: the reply starts inside it
@@ -63,10 +63,10 @@ def test_thinking_comes_apart_from_the_answer_whole_and_streamed(tmp_path, reaso
         assert (streamed[0].strip() if streamed[0] else None, streamed[1]) == whole
 
 
-def test_chat_template_kwargs_switch_thinking_off(tmp_path, reasoning_models):
+def test_chat_template_kwargs_switch_thinking_off(serving, tmp_path, reasoning_models):
     model = reasoning_models.tiny_qwen3(tmp_path, reasoning_models.QWEN3_STYLE)
     served = ServedModel(model, "m", context=256, max_concurrent=2)
-    with running(served) as url:
+    with serving(served) as url:
         ids = encode_chat(model.tokenizer, served.template, QUESTION, enable_thinking=False)
         prompt = model.tokenizer.decode(ids, decode_special_tokens=True)
         assert prompt.endswith("<think>\n\n</think>\n\n")
