@@ -180,7 +180,18 @@ class DiskTier:
         if not isinstance(header, dict):
             return "its header is damaged", b""
         payload = data[start + header_len :]
-        expected = {
+        for key, value in self._page_fields(page_hash, prev_hash, token_ids).items():
+            if header.get(key) != value:
+                return f"its {key} does not match this model and prompt", b""
+        if len(payload) != self.page_bytes or header.get("payload_bytes") != self.page_bytes:
+            return f"truncated ({len(payload)} of {self.page_bytes} payload bytes)", b""
+        if header.get("checksum") != _checksum(payload):
+            return "its checksum does not match (damaged)", b""
+        return None, payload
+
+    def _page_fields(self, page_hash: int, prev_hash: int, token_ids: Sequence[int]) -> dict[str, object]:
+        """What a page's header must say for it to be this model's page of these tokens."""
+        return {
             "version": FORMAT_VERSION,
             "identity": self.identity,
             "layout": list(self.layout),
@@ -189,14 +200,6 @@ class DiskTier:
             "prev_hash": prev_hash,
             "token_ids": list(token_ids),
         }
-        for key, value in expected.items():
-            if header.get(key) != value:
-                return f"its {key} does not match this model and prompt", b""
-        if len(payload) != self.page_bytes or header.get("payload_bytes") != self.page_bytes:
-            return f"truncated ({len(payload)} of {self.page_bytes} payload bytes)", b""
-        if header.get("checksum") != hashlib.blake2b(payload, digest_size=16).hexdigest():
-            return "its checksum does not match (damaged)", b""
-        return None, payload
 
     # --- writing (queued; the background thread does the work) ------------------------------------------
 
@@ -235,15 +238,9 @@ class DiskTier:
             return  # another process wrote it
         payload = b"".join(r.contiguous().cpu().view(torch.uint8).numpy().tobytes() for r in rows)
         header = {
-            "version": FORMAT_VERSION,
-            "identity": self.identity,
-            "layout": list(self.layout),
-            "dtype": str(self.dtype),
-            "hash": page_hash,
-            "prev_hash": prev_hash,
-            "token_ids": list(token_ids),
+            **self._page_fields(page_hash, prev_hash, token_ids),
             "payload_bytes": len(payload),
-            "checksum": hashlib.blake2b(payload, digest_size=16).hexdigest(),
+            "checksum": _checksum(payload),
         }
         head = json.dumps(header, separators=(",", ":")).encode()
         tmp = self.folder / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
@@ -308,3 +305,7 @@ class DiskTier:
             path.unlink()
         except OSError:
             pass  # gone already (another process), or read-only: it is skipped on every read anyway
+
+
+def _checksum(payload: bytes) -> str:
+    return hashlib.blake2b(payload, digest_size=16).hexdigest()
