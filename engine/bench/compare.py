@@ -8,7 +8,8 @@
 Each side runs in its own process so that its peak RSS is its own and neither warms the other's caches.
 Phases: single-stream decode, 16 concurrent jobs, a second chat turn over a long shared history vs cold
 ("core"); then, on our engine only, speculative decoding and constrained JSON output ("features", see
-engine/bench/features.py). `--only core` or `--only features` runs one group.
+engine/bench/features.py). `--only core` or `--only features` runs one group; `--only kv` runs the KV cache
+formats' rows (engine/bench/kv_formats.py) in this process, apart from the others.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from engine.bench import workload as prompts_of
 log = logging.getLogger("engine.bench")
 
 DTYPES = ("bfloat16", "float16", "float32")
-GROUPS = ("all", "core", "features")
+GROUPS = ("all", "core", "features", "kv")
 DEFAULT_DRAFT_LAYERS = "8,16"
 
 
@@ -68,8 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=GROUPS,
         default="all",
         help="core: the comparison rows; features: speculation and constrained output on our engine only "
-        "(no transformers or llama.cpp run); all: both (the default)",
+        "(no transformers or llama.cpp run); all: both (the default); kv: the KV cache formats' bytes, "
+        "quality and speed (with llama.cpp's q8_0/q4_0 quality where llama-perplexity is found)",
     )
+    parser.add_argument("--kv-context", type=int, default=8000, help="kv rows: the long prompt's tokens")
+    parser.add_argument("--kv-new-tokens", type=int, default=32, help="kv rows: new tokens after the long prompt")
+    parser.add_argument("--kv-text-tokens", type=int, default=2048, help="kv rows: tokens of text the KL reads")
+    parser.add_argument("--kv-window", type=int, default=512, help="kv rows: llama-perplexity's window")
     parser.add_argument(
         "--draft-layers",
         default=DEFAULT_DRAFT_LAYERS,
@@ -83,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check_args(args: argparse.Namespace) -> None:
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    for name in ("new_tokens", "jobs", "max_prompt_tokens", "history_tokens", "page_size"):
+    numbers = ("new_tokens", "jobs", "max_prompt_tokens", "history_tokens", "page_size")
+    for name in (*numbers, "kv_context", "kv_text_tokens", "kv_window"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.new_tokens < 2:
@@ -170,12 +177,42 @@ def _run_other_sides(
             notes.append("the llama-cpp-python run failed; see the messages above.")
 
 
+def _run_kv(args: argparse.Namespace, path: Path) -> int:
+    """The KV cache formats' rows, in this process (they compare caches of one model, not processes)."""
+    import torch
+
+    from engine.bench import kv_formats
+    from engine.models import Model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = Model.load(path, device=args.device, dtype=measure.torch_dtype(args.dtype))
+    measured = kv_formats.measure(model, path, args)
+    rows = kv_formats.rows(measured, table.fmt)
+    print(f"KV cache formats on {path.name}, {args.dtype}, {args.device}, {torch.get_num_threads()} torch threads")
+    print(table.format_table(rows))
+    print(f"- {kv_formats.NOTE}")
+    if args.json:
+        report = {
+            "run": bench_machine.describe_run(args, add_arguments),
+            "machine": bench_machine.describe_machine(args.device),
+            "software": bench_machine.software(),
+            "config": {"model": str(path), "dtype": args.dtype, "device": args.device, "page_size": args.page_size},
+            "sides": {"ours": measured},
+            "rows": rows,
+        }
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark described by the parsed `bench` options; prints the table. Returns the exit code."""
     _check_args(args)
     from engine.tokenizer.tokenizer import Tokenizer
 
     path = _model_path(args.model)
+    if args.only == "kv":
+        return _run_kv(args, path)
     log.info("building prompts with %s's tokenizer", path.name)
     workload = prompts_of.build_workload(Tokenizer.load(path), args)
     cfg = {

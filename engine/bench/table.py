@@ -10,7 +10,7 @@ from engine.bench import llama_batched as bench_batched
 from engine.bench import workload as prompts_of
 
 
-def _fmt(value: float | None, unit: str) -> str:
+def fmt(value: float | None, unit: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     if unit == "ms":
@@ -34,7 +34,7 @@ def build_rows(args: argparse.Namespace, workload: dict, sides: dict[str, dict |
     rows = _core_rows(args, workload, sides) if core else []
     if features:
         columns = ["transformers", *(["llama.cpp"] if sides.get("llama.cpp") is not None else [])]
-        rows += bench_features.rows(sides.get("ours") or {}, args.new_tokens, _fmt, columns)
+        rows += bench_features.rows(sides.get("ours") or {}, args.new_tokens, fmt, columns)
     return rows
 
 
@@ -48,11 +48,11 @@ def _core_rows(args: argparse.Namespace, workload: dict, sides: dict[str, dict |
     def row(metric: str, key: str, unit: str, target: str = "", result: str = "", hf_key: str | None = None):
         cells = {
             "metric": metric,
-            "ours": _fmt(ours.get(key), unit),
-            "transformers": _fmt(hf.get(hf_key or key), unit),
+            "ours": fmt(ours.get(key), unit),
+            "transformers": fmt(hf.get(hf_key or key), unit),
         }
         if cpp is not None:
-            cells["llama.cpp"] = _fmt(cpp.get(key), unit)
+            cells["llama.cpp"] = fmt(cpp.get(key), unit)
         rows.append({**cells, "target": target, "result": result})
 
     def ratio(a: float | None, b: float | None) -> float | None:
@@ -72,8 +72,8 @@ def _core_rows(args: argparse.Namespace, workload: dict, sides: dict[str, dict |
         {
             "metric": f"aggregate tok/s, {args.jobs} concurrent jobs (prompts {min(lens)}-{max(lens)} "
             f"tokens, {args.new_tokens} new each; wall time incl. prefill)",
-            "ours": _fmt(ours.get("aggregate_tps"), "tok/s"),
-            "transformers": _fmt(hf.get("batched_tps"), "tok/s") + (" (padded batch)" if "batched_tps" in hf else ""),
+            "ours": fmt(ours.get("aggregate_tps"), "tok/s"),
+            "transformers": fmt(hf.get("batched_tps"), "tok/s") + (" (padded batch)" if "batched_tps" in hf else ""),
             **({"llama.cpp": _batched_cell(cpp)} if cpp is not None else {}),
             "target": ">= 8x transformers single-stream",
             "result": _verdict(None if x is None else x >= 8, f"{x or 0:.2f}x"),
@@ -148,7 +148,7 @@ def _core_rows(args: argparse.Namespace, workload: dict, sides: dict[str, dict |
 def _batched_cell(cpp: dict) -> str:
     if cpp.get("aggregate_tps") is None:
         return f"n/a (no {bench_batched.TOOL})"
-    return f"{_fmt(cpp['aggregate_tps'], 'tok/s')} ({bench_batched.TOOL}, prompts of {cpp['batched_prompt_tokens']})"
+    return f"{fmt(cpp['aggregate_tps'], 'tok/s')} ({bench_batched.TOOL}, prompts of {cpp['batched_prompt_tokens']})"
 
 
 def format_table(rows: list[dict[str, str]]) -> str:

@@ -45,8 +45,8 @@ _STALE_TMP_S = 3600.0  # a temporary file this old was left by a process that di
 _LIVE: weakref.WeakSet[DiskTier] = weakref.WeakSet()  # tiers whose queued pages get a moment at exit
 
 
-def model_identity(model, page_size: int, dtype: torch.dtype) -> str:
-    """A hex digest that changes when the weights, their packing, the KV dtype or the page size change.
+def model_identity(model, page_size: int, dtype: torch.dtype, kv_format: str = "bf16") -> str:
+    """A hex digest that changes when the weights, their packing, the KV dtype or format, or the page size change.
 
     Files are named by path, size and modification time (the same rule as the GGUF reader's cache); a model
     built in memory is named by a sample of its parameters instead.
@@ -55,6 +55,8 @@ def model_identity(model, page_size: int, dtype: torch.dtype) -> str:
     config = model.config
     h.update(repr((type(model).__name__, config.architecture, config.num_hidden_layers)).encode())
     h.update(repr((config.num_key_value_heads, config.head_dim, str(dtype), page_size, str(model.dtype))).encode())
+    if kv_format != "bf16":
+        h.update(kv_format.encode())
     # Packed (int4, K-quant) and float loads of one file give slightly different K/V: the parameter dtypes differ.
     kinds = sorted({str(t.dtype) for t in list(model.parameters()) + list(model.buffers())})
     h.update(repr(kinds).encode())
@@ -102,7 +104,8 @@ class DiskTier:
     """Pages of one model's KV cache in a folder: `contains`, `read` (verified), `write` (queued, never blocks).
 
     `layout` is (num_layers, page_size, num_kv_heads, head_dim); each layer's K and V rows of a page are
-    `[page_size, num_kv_heads, head_dim]` tensors of `dtype`.
+    `[page_size, num_kv_heads, head_dim]` tensors of `dtype` (for a quantized cache, uint8 with head_dim the
+    bytes of a head row).
     """
 
     def __init__(

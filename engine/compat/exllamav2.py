@@ -4,6 +4,7 @@ its imports changed. exllamav2 builds objects before the weights exist, so model
     config = ExLlamaV2Config(path)            reads config.json / GGUF metadata, no weights
     model = ExLlamaV2(config)                 holds the config; no engine Model yet
     cache = ExLlamaV2Cache(model, lazy=True)  sized from config.max_seq_len; no tensors yet
+                                              (ExLlamaV2Cache_Q8/_Q6/_Q4: the same with 8/6/4-bit pages)
     model.load_autosplit(cache)               engine Model loaded, then every pending cache allocated
 
 The generator classes give the engine generator the engine objects inside the handles; the engine never
@@ -194,14 +195,35 @@ class ExLlamaV2Cache:
         else:
             model._pending_caches.append(self)
 
+    kv_format = "bf16"  # the engine Cache's page format (the quantized subclasses below set theirs)
+
     def _allocate(self) -> None:
-        self._engine_cache = Cache(self.model.engine_model, self.max_seq_len, page_size=self.page_size)
+        model = self.model.engine_model
+        self._engine_cache = Cache(model, self.max_seq_len, page_size=self.page_size, kv_format=self.kv_format)
 
     @property
     def engine_cache(self) -> Cache:
         if self._engine_cache is None:
             raise RuntimeError("the cache is not allocated yet: call model.load_autosplit(cache) first")
         return self._engine_cache
+
+
+class ExLlamaV2Cache_Q8(ExLlamaV2Cache):  # noqa: N801 (exllamav2's name)
+    """ExLlamaV2Cache with pages of 8-bit codes (about 0.53x the bytes; engine/cache/cache.py's `kv_format`)."""
+
+    kv_format = "q8"
+
+
+class ExLlamaV2Cache_Q6(ExLlamaV2Cache):  # noqa: N801
+    """ExLlamaV2Cache with pages of 6-bit codes (about 0.41x the bytes)."""
+
+    kv_format = "q6"
+
+
+class ExLlamaV2Cache_Q4(ExLlamaV2Cache):  # noqa: N801
+    """ExLlamaV2Cache with pages of 4-bit codes (about 0.28x the bytes)."""
+
+    kv_format = "q4"
 
 
 class ExLlamaV2Tokenizer:

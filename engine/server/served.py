@@ -71,6 +71,7 @@ class ServedModel:
         vision: Any = None,
         chat: ChatFrontDoor | None = None,
         overflow: OverflowPolicy | str = OverflowPolicy.STOP,
+        kv_format: str = "bf16",
     ):
         """`tokenizer`, `template`, `cache` and `vision` default to the model's own and a new cache; `chat`, the
         front door requests go through, to a new one over them (pass the owner's to share its image cache)."""
@@ -104,7 +105,12 @@ class ServedModel:
         self.cache = (
             cache
             if cache is not None
-            else Cache(model, max_seq_len=cache_size(context, cache_tokens, page_size), page_size=page_size)
+            else Cache(
+                model,
+                max_seq_len=cache_size(context, cache_tokens, page_size),
+                page_size=page_size,
+                kv_format=kv_format,
+            )
         )
         self.created = int(time.time())
         self.in_flight = 0  # requests holding a job, running or waiting (event loop only)

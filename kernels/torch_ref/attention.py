@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from kernels.torch_ref import kv_quant
 from kernels.torch_ref.paged_decode import decode_attention
 
 
@@ -24,6 +25,8 @@ def write_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
 ) -> bool:
     """Store new K/V rows at flat slots (page_id * page_size + offset)."""
+    if k_cache.dtype == torch.uint8:
+        return kv_quant.write_kv(k_cache, v_cache, k, v, slot_mapping)
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     if k_cache.is_contiguous() and v_cache.is_contiguous():
         k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
@@ -63,6 +66,9 @@ def paged_attention(
     `page_runs` (optional, host ints): per sequence, the first page id when its pages are consecutive
     ids (else -1); such a sequence's keys and values are read as a view of the cache, with no gather.
     """
+    if k_cache.dtype == torch.uint8:
+        args = (q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
+        return _quantized_attention(*args)
     num_seqs = len(query_lens)
     runs = list(page_runs) if page_runs else [-1] * num_seqs
     if all(n == 1 for n in query_lens) and (num_seqs > 1 or sliding_window is not None):
@@ -138,6 +144,9 @@ def paged_attention_key_ends(
     attend to each other in both directions (Gemma 3's image tokens) sets its key_ends to the run's end,
     which must lie within the sequence. The sliding window still counts back from the token's own position.
     """
+    if k_cache.dtype == torch.uint8:
+        args = (q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
+        return _quantized_attention(*args, key_ends=key_ends)
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     page_size = k_cache.shape[1]
     out = torch.empty(q.shape, dtype=k_cache.dtype, device=q.device)
@@ -156,3 +165,48 @@ def paged_attention_key_ends(
         out[start : start + q_len] = o[0].transpose(0, 1)
         start += q_len
     return out
+
+
+def _float_pages(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens_host: Sequence[int],
+    head_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The quantized pages the sequences read, dequantized into a compact float32 cache, and the tables
+    renumbered to it."""
+    bits = kv_quant.bits_of(k_cache, head_dim)
+    page_size = k_cache.shape[1]
+    used = [(length + page_size - 1) // page_size for length in seq_lens_host]
+    tables = block_tables.to(device="cpu", dtype=torch.int64)
+    ids = sorted({int(p) for row, n in zip(tables.tolist(), used) for p in row[:n]})
+    index = torch.tensor(ids, dtype=torch.int64, device=k_cache.device)
+    renumber = {page: i for i, page in enumerate(ids)}
+    compact = torch.zeros_like(tables)
+    for i, (row, n) in enumerate(zip(tables.tolist(), used)):
+        compact[i, :n] = torch.tensor([renumber[p] for p in row[:n]], dtype=torch.int64)
+    k = kv_quant.dequantize(k_cache.index_select(0, index), bits, head_dim).contiguous()
+    v = kv_quant.dequantize(v_cache.index_select(0, index), bits, head_dim).contiguous()
+    return k, v, compact.to(block_tables.device)
+
+
+def _quantized_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sliding_window: int | None = None,
+    key_ends: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention over quantized pages (kv_quant.py) -> [num_tokens, Hq, D] in q's dtype: the float twin on the
+    pages the sequences read, dequantized, with the query rotated in and the output rotated back."""
+    head_dim = q.shape[-1]
+    k, v, tables = _float_pages(k_cache, v_cache, block_tables, seq_lens_host, head_dim)
+    args = (kv_quant.rotate(q), k, v, tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
+    out = paged_attention(*args) if key_ends is None else paged_attention_key_ends(*args, key_ends)
+    return kv_quant.rotate(out).to(q.dtype)

@@ -17,6 +17,9 @@ from engine.cache.cache import Cache
 from engine.compat.exllamav2 import (
     ExLlamaV2,
     ExLlamaV2Cache,
+    ExLlamaV2Cache_Q4,
+    ExLlamaV2Cache_Q6,
+    ExLlamaV2Cache_Q8,
     ExLlamaV2Config,
     ExLlamaV2DynamicGenerator,
     ExLlamaV2DynamicGeneratorAsync,
@@ -409,6 +412,26 @@ def test_cache_sizes(exl):
             ExLlamaV2Cache(exl.model, **bad)
     with pytest.raises(TypeError, match="ExLlamaV2 model"):
         ExLlamaV2Cache(exl.model.engine_model)
+
+
+@pytest.mark.parametrize(
+    ("cache_class", "kv_format"), [(ExLlamaV2Cache_Q8, "q8"), (ExLlamaV2Cache_Q6, "q6"), (ExLlamaV2Cache_Q4, "q4")]
+)
+def test_quantized_caches_run_the_seed_example(starter_gguf, cache_class, kv_format):
+    """The seed's initialization with a quantized cache class, unchanged otherwise, then a greedy answer."""
+    config = ExLlamaV2Config(str(starter_gguf))
+    config.prepare()
+    model = ExLlamaV2(config)
+    cache = cache_class(model, max_seq_len=1024, lazy=True)
+    model.load_autosplit(cache)
+    tokenizer = ExLlamaV2Tokenizer(config)
+    generator = ExLlamaV2DynamicGenerator(model=model, cache=cache, tokenizer=tokenizer)
+    output = generator.generate(prompt="The capital of France is", max_new_tokens=8, add_bos=True)
+    assert output.startswith("The capital of France is") and len(output) > len("The capital of France is")
+    engine_cache = cache.engine_cache
+    assert engine_cache.kv_format == kv_format and engine_cache.k[0].dtype == torch.uint8
+    plain = Cache(model.engine_model, 1024, page_size=256)
+    assert engine_cache.num_bytes < 0.56 * plain.num_bytes
 
 
 def test_tokenizer_follows_exllamav2(exl):

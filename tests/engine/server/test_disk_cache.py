@@ -15,7 +15,7 @@ PROMPT = "Summarize this list of facts about the sea. " + " ".join(
 )
 
 
-def serve_and_ask(gguf, cache_dir) -> tuple[str, int]:
+def serve_and_ask(gguf, cache_dir, kv_format: str = "bf16") -> tuple[str, int]:
     """Start the real command, ask once (greedy), stop it; returns (answer, cached prompt tokens)."""
     serve = subprocess.Popen(
         [
@@ -32,6 +32,8 @@ def serve_and_ask(gguf, cache_dir) -> tuple[str, int]:
             "m",
             "--cache-dir",
             str(cache_dir),
+            "--kv-format",
+            kv_format,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -59,3 +61,14 @@ def test_a_restarted_server_reads_the_prompt_prefix_from_disk(starter_gguf, tmp_
     again, cached = serve_and_ask(starter_gguf, tmp_path)
     assert again == first
     assert cached >= 512
+
+
+def test_quantized_pages_come_back_from_disk_and_stay_apart_from_other_formats(starter_gguf, tmp_path):
+    """`--kv-format q4` pages on disk: a restart reads them and answers the same; a server with another
+    format never reads them (their identity differs), so it computes the prompt and answers as it would cold."""
+    first, cached = serve_and_ask(starter_gguf, tmp_path, "q4")
+    assert cached == 0
+    again, cached = serve_and_ask(starter_gguf, tmp_path, "q4")
+    assert again == first and cached > 512
+    _, cached = serve_and_ask(starter_gguf, tmp_path, "q8")
+    assert cached == 0
