@@ -77,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-text-tokens", type=int, default=2048, help="kv rows: tokens of text the KL reads")
     parser.add_argument("--kv-window", type=int, default=512, help="kv rows: llama-perplexity's window")
     parser.add_argument(
+        "--kv-disk-tokens", type=int, default=2048, help="kv rows: the prompt read back from the disk tier"
+    )
+    parser.add_argument(
         "--draft-layers",
         default=DEFAULT_DRAFT_LAYERS,
         metavar="K,K",
@@ -90,9 +93,11 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     numbers = ("new_tokens", "jobs", "max_prompt_tokens", "history_tokens", "page_size")
-    for name in (*numbers, "kv_context", "kv_text_tokens", "kv_window"):
+    for name in (*numbers, "kv_context", "kv_text_tokens", "kv_window", "kv_disk_tokens"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.kv_new_tokens < 2:
+        raise ValueError("--kv-new-tokens must be >= 2: the decode rate is measured after the first token")
     if args.new_tokens < 2:
         raise ValueError("--new-tokens must be >= 2: the decode rate is measured after the first token")
     draft_layers(args)

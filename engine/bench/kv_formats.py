@@ -9,6 +9,8 @@
               a mean KL of 0.0057 on the starter), and the figure would measure the rounding, not the cache
     speed:    one job over a long prompt (`--kv-context` tokens): prompt tokens/s, then decode tokens/s
               (new tokens - 1 over the time from the first token to the last)
+    disk:     time to first token of a long prompt (`--kv-disk-tokens`) cold, and again from a new cache and
+              generator over the same prompt-cache folder (as after a restart: only the files carry over)
 
 llama.cpp's KL comes from its llama-perplexity tool (`--kl-divergence`, against its own float16 cache); it
 scores the second half of each window of `--kv-window` tokens, so its positions see fewer tokens behind them
@@ -120,6 +122,44 @@ def speed(model, ids: list[int], kv_format: str, new_tokens: int, page_size: int
     }
 
 
+def _first_token_s(model, ids: list[int], folder: Path, page_size: int) -> tuple[float, int, str]:
+    """(wall seconds to one greedy token, prompt tokens read from the cache, the token) with a fresh cache and
+    generator whose disk tier is `folder`; the disk writes are flushed before returning."""
+    from engine.cache import Cache
+    from engine.generator.dynamic import DynamicGenerator
+    from engine.generator.job import DynamicJob
+    from engine.generator.sampler import SamplerSettings
+
+    pages = -(-(len(ids) + 1) // page_size)
+    cache = Cache(model, pages * page_size, page_size=page_size, disk_dir=folder)
+    gen = DynamicGenerator(model, cache, model.tokenizer)
+    t0, last = time.perf_counter(), None
+    gen.enqueue(DynamicJob(ids, 1, gen_settings=SamplerSettings.greedy()))
+    while gen.num_remaining_jobs():
+        for r in gen.iterate():
+            if r["eos"]:
+                last = r
+    wall = time.perf_counter() - t0
+    assert last is not None and cache.disk is not None
+    cache.disk.flush()
+    cache.disk.close()
+    return wall, last["cached_tokens"], last["full_completion"]
+
+
+def disk_ttft(model, ids: list[int], page_size: int) -> dict[str, Any]:
+    """Time to first token cold (best of 2, each into an empty folder) and from the disk tier (best of 2)."""
+    with tempfile.TemporaryDirectory(prefix="tandem-kv-disk-") as tmp:
+        cold = [_first_token_s(model, ids, Path(tmp) / f"cold{i}", page_size) for i in range(2)]
+        warm = [_first_token_s(model, ids, Path(tmp) / "cold1", page_size) for _ in range(2)]
+    return {
+        "prompt_tokens": len(ids),
+        "cold_s": min(c[0] for c in cold),
+        "disk_s": min(w[0] for w in warm),
+        "disk_cached_tokens": warm[-1][1],
+        "same_token": all(w[2] == cold[0][2] for w in warm),
+    }
+
+
 def llama_perplexity() -> str | None:
     folder = os.environ.get("LLAMA_CPP_LIB_PATH")
     if folder and (Path(folder) / "llama-perplexity").exists():
@@ -176,6 +216,9 @@ def measure(model, path: Path, args) -> dict[str, Any]:
     out["bytes_ratio"] = {name: bytes_ratio(model, name, args.page_size) for name in FORMATS}
     out["llama_cpp_kl"] = llama_cpp_kl(path, text, args.kv_window, args.threads)
     context_ids, _ = text_ids(model.tokenizer, args.kv_context)
+    disk_ids, _ = text_ids(model.tokenizer, args.kv_disk_tokens)
+    log.info("kv: a %d-token prompt cold, then from the disk tier", len(disk_ids))
+    out["disk"] = disk_ttft(model, disk_ids, args.page_size)
     out["speed"] = {}
     for name in FORMATS:
         log.info("kv: %s cache, %d-token prompt, %d new tokens", name, len(context_ids), args.kv_new_tokens)
@@ -219,7 +262,19 @@ def rows(measured: dict[str, Any], fmt) -> list[dict[str, str]]:
                 "result": "n/a" if name == "bf16" else _vs(s["prompt_tps"], base["prompt_tps"], 0.9),
             }
         )
+    table.append(_disk_row(measured["disk"], fmt))
     return table
+
+
+def _disk_row(disk: dict[str, Any], fmt) -> dict[str, str]:
+    share = disk["disk_s"] / disk["cold_s"]
+    same = "same token" if disk["same_token"] else "a different first token"
+    return {
+        "metric": f"Prompt cache on disk: time to first token, {disk['prompt_tokens']} tokens (cold -> disk)",
+        "ours": f"{fmt(disk['cold_s'], 'ms')} -> {fmt(disk['disk_s'], 'ms')} ({disk['disk_cached_tokens']} read, {same})",
+        "target": "<= 1/4 of cold",
+        "result": f"{'PASS' if share <= 0.25 and disk['same_token'] else 'MISS'} ({share:.2f}x)",
+    }
 
 
 def _vs(value: float, base: float, at_least: float) -> str:
