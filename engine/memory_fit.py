@@ -2,7 +2,9 @@
 
     need = weights resident + KV cache for one chat at the context + a fixed working overhead
     weights: GGUF blocks stay packed (about the file size); float tensors take the compute dtype's size
-    KV cache: 2 (keys, values) * layers * kv_heads * head_dim * tokens * bytes per element
+    KV cache: 2 (keys, values) * layers * kv_heads * tokens * bytes of one head row, where a row is
+              head_dim * bytes per element ("bf16": the model's dtype) or, in a quantized format (q8, q6, q4),
+              head_dim / 32 blocks of a float16 scale and 32 codes (kernels/torch_ref/kv_quant.py)
 
 Checking this before a load turns "the machine swaps for minutes, then the app dies" into a message that says
 what to change. The figures are estimates: good to a few percent for the weights and exact for the cache.
@@ -13,8 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.cache.cache import KV_FORMATS
 from engine.errors import ModelLoadError
 from engine.model_info import ModelInfo
+from kernels.torch_ref import kv_quant
 
 # Memory a loaded model uses beyond weights and cache: activations of a prompt chunk, logits, kernel scratch
 # buffers, tokenizer tables; what a loaded 1B model holds above file size + cache, with room to spare.
@@ -22,9 +26,31 @@ OVERHEAD_BYTES = 256 * 2**20
 CONTEXT_STEP = 256  # contexts offered in place of one that does not fit are whole cache pages
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
-    """Bytes one token takes in the KV cache: keys and values of every layer."""
-    return 2 * num_layers * num_kv_heads * head_dim * itemsize
+def kv_format_problem(head_dim: int | None, kv_format: str) -> str | None:
+    """Why a model with heads of `head_dim` values cannot keep its KV cache in `kv_format`; None when it can (or
+    when `head_dim` is not known: the Cache says so then)."""
+    if kv_format not in KV_FORMATS:
+        return f"the KV cache format {kv_format!r} is not one of {', '.join(KV_FORMATS)}"
+    if kv_format != "bf16" and head_dim is not None and head_dim % kv_quant.GROUP:
+        return (
+            f"a {kv_format.upper()} cache packs each head's values in blocks of {kv_quant.GROUP}, and this model's "
+            f"heads have {head_dim}: use full precision (bf16)"
+        )
+    return None
+
+
+def kv_bytes_per_token(
+    num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int, kv_format: str = "bf16"
+) -> int:
+    """Bytes one token takes in the KV cache: keys and values of every layer, exactly what engine.cache.Cache
+    allocates. `itemsize`: the float cache's bytes per element ("bf16" is the model's dtype, whatever it is); a
+    quantized format's rows count their scales. Raises ValueError for a format the heads cannot take."""
+    problem = kv_format_problem(head_dim, kv_format)
+    if problem is not None:
+        raise ValueError(problem)
+    if kv_format == "bf16":
+        return 2 * num_layers * num_kv_heads * head_dim * itemsize
+    return 2 * num_layers * num_kv_heads * kv_quant.row_bytes(head_dim, kv_quant.FORMATS[kv_format])
 
 
 @dataclass(frozen=True)
@@ -35,32 +61,39 @@ class MemoryNeed:
     kv_bytes: int
     overhead_bytes: int
     context_tokens: int
+    kv_format: str = "bf16"
 
     @property
     def total_bytes(self) -> int:
         return self.weights_bytes + self.kv_bytes + self.overhead_bytes
 
 
-def memory_need(info: ModelInfo, context_tokens: int, itemsize: int, keeps_blocks: bool = True) -> MemoryNeed:
-    """The memory `info`'s model needs with a cache of `context_tokens` tokens in a dtype of `itemsize` bytes.
+def memory_need(
+    info: ModelInfo, context_tokens: int, itemsize: int, keeps_blocks: bool = True, kv_format: str = "bf16"
+) -> MemoryNeed:
+    """The memory `info`'s model needs with a cache of `context_tokens` tokens in `kv_format` ("bf16": a dtype
+    of `itemsize` bytes, the weights' compute dtype).
 
     `keeps_blocks`: quantized GGUF tensors stay in their blocks (see ModelInfo.weights_bytes). A model whose
     KV shape is unknown counts weights and overhead only.
     """
-    per_token = _per_token(info, itemsize)
+    per_token = _per_token(info, itemsize, kv_format)
     return MemoryNeed(
         weights_bytes=info.weights_bytes(itemsize, keeps_blocks),
         kv_bytes=per_token * context_tokens,
         overhead_bytes=OVERHEAD_BYTES,
         context_tokens=context_tokens,
+        kv_format=kv_format,
     )
 
 
-def largest_context(info: ModelInfo, free_bytes: int, itemsize: int, keeps_blocks: bool = True) -> int:
-    """The longest context (whole CONTEXT_STEPs, at most the model's own) that fits in `free_bytes`; 0 when
-    not even one step does."""
-    per_token = _per_token(info, itemsize)
-    room = free_bytes - memory_need(info, 0, itemsize, keeps_blocks).total_bytes
+def largest_context(
+    info: ModelInfo, free_bytes: int, itemsize: int, keeps_blocks: bool = True, kv_format: str = "bf16"
+) -> int:
+    """The longest context (whole CONTEXT_STEPs, at most the model's own) that fits in `free_bytes` with a cache
+    in `kv_format`; 0 when not even one step does."""
+    per_token = _per_token(info, itemsize, kv_format)
+    room = free_bytes - memory_need(info, 0, itemsize, keeps_blocks, kv_format).total_bytes
     if room < per_token * CONTEXT_STEP:
         return 0
     tokens = room // per_token if per_token else info.context_length or CONTEXT_STEP
@@ -72,10 +105,11 @@ def largest_context(info: ModelInfo, free_bytes: int, itemsize: int, keeps_block
 class NotEnoughMemoryError(ModelLoadError):
     """A model would not fit in the free memory at the chosen context; raised before any weight is read.
 
-    `fitting_context` is the longest context that does fit (0: none does).
+    `fitting_context` is the longest context that does fit (0: none does); `hint`, a sentence added to the
+    message (another way to make room).
     """
 
-    def __init__(self, path: Path, need: MemoryNeed, free_bytes: int, fitting_context: int):
+    def __init__(self, path: Path, need: MemoryNeed, free_bytes: int, fitting_context: int, hint: str = ""):
         self.path, self.need, self.free_bytes, self.fitting_context = path, need, free_bytes, fitting_context
         choices = "pick a smaller context, or" if fitting_context else "or pick"
         message = (
@@ -84,18 +118,30 @@ class NotEnoughMemoryError(ModelLoadError):
         )
         if fitting_context:
             message += f" It fits with a context of up to {fitting_context:,} tokens."
+        if hint:
+            message += f" {hint}"
         super().__init__(message)
 
 
 def check_memory(
-    info: ModelInfo, context_tokens: int, free_bytes: int | None, itemsize: int, keeps_blocks: bool = True
+    info: ModelInfo,
+    context_tokens: int,
+    free_bytes: int | None,
+    itemsize: int,
+    keeps_blocks: bool = True,
+    kv_format: str = "bf16",
 ) -> MemoryNeed:
     """`memory_need(...)`, or NotEnoughMemoryError when it is more than `free_bytes` (None: not known, so
     nothing is refused)."""
-    need = memory_need(info, context_tokens, itemsize, keeps_blocks)
+    need = memory_need(info, context_tokens, itemsize, keeps_blocks, kv_format)
     if free_bytes is not None and need.total_bytes > free_bytes:
-        fitting = largest_context(info, free_bytes, itemsize, keeps_blocks)
-        raise NotEnoughMemoryError(info.path, need, free_bytes, fitting if fitting < context_tokens else 0)
+        fitting = largest_context(info, free_bytes, itemsize, keeps_blocks, kv_format)
+        hint = ""
+        if need.kv_bytes and kv_format == "bf16" and kv_format_problem(info.head_dim, "q8") is None:
+            smaller = largest_context(info, free_bytes, itemsize, keeps_blocks, "q8")
+            if smaller > fitting:  # the cache is what does not fit: a format of half its size makes room
+                hint = f"With the Q8 cache format it fits with a context of up to {smaller:,} tokens."
+        raise NotEnoughMemoryError(info.path, need, free_bytes, fitting if fitting < context_tokens else 0, hint)
     return need
 
 
@@ -108,10 +154,10 @@ def format_bytes(num_bytes: int) -> str:
     return f"{max(1, round(num_bytes / 1e3))} KB"
 
 
-def _per_token(info: ModelInfo, itemsize: int) -> int:
+def _per_token(info: ModelInfo, itemsize: int, kv_format: str) -> int:
     if not info.has_kv_shape:
         return 0
-    return kv_bytes_per_token(info.num_layers, info.num_kv_heads, info.head_dim, itemsize)
+    return kv_bytes_per_token(info.num_layers, info.num_kv_heads, info.head_dim, itemsize, kv_format)
 
 
 __all__ = [
@@ -122,6 +168,7 @@ __all__ = [
     "check_memory",
     "format_bytes",
     "kv_bytes_per_token",
+    "kv_format_problem",
     "largest_context",
     "memory_need",
 ]

@@ -140,6 +140,12 @@ class EngineService(QObject):
         loaded = self.local_backend.loaded
         return loaded.context_request if loaded else None
 
+    @property
+    def kv_format(self) -> str | None:
+        """The current model's KV cache format ("bf16", "q8", "q6", "q4"; None: no model)."""
+        loaded = self.local_backend.loaded
+        return loaded.cache.kv_format if loaded else None
+
     def serving(self) -> Serving | None:
         """What the local server shares now; None with no model. A model swap makes a new one."""
         loaded, generator = self.local_backend.loaded, self.local_backend.generator
@@ -263,27 +269,30 @@ class EngineService(QObject):
         """Bytes free for a new model now (None when the platform does not say)."""
         return self._loader.free_memory()
 
-    def check_fit(self, info: ModelInfo, context_length: int | None = None) -> MemoryNeed:
+    def check_fit(self, info: ModelInfo, context_length: int | None = None, kv_format: str = "bf16") -> MemoryNeed:
         """What loading `info`'s model here takes with one chat of `context_length` tokens (None:
-        DEFAULT_CONTEXT_TOKENS; at most the model's own), in the dtype and weight layout this service loads
-        it with. Raises NotEnoughMemoryError, naming what to change, when that is more than is free."""
-        return self._loader.check_fit(info, context_length)
+        DEFAULT_CONTEXT_TOKENS; at most the model's own) in a cache of `kv_format`, in the dtype and weight
+        layout this service loads it with. Raises NotEnoughMemoryError, naming what to change, when that is
+        more than is free."""
+        return self._loader.check_fit(info, context_length, kv_format)
 
     # --- loading -----------------------------------------------------------------------------------------
 
     def load_model(
-        self, path: str | Path, name: str | None = None, context_length: int | None = None
+        self, path: str | Path, name: str | None = None, context_length: int | None = None, kv_format: str = "bf16"
     ) -> asyncio.Task[bool]:
         """Start loading a Hugging Face folder or a .gguf file; returns the task (True when it got loaded).
 
         `context_length` caps the tokens one chat may hold (default: the model's own, as far as the cache
         allows); the load is refused, before any weight is read, when the model and one chat that long
-        (DEFAULT_CONTEXT_TOKENS when None) need more memory than is free.
+        (DEFAULT_CONTEXT_TOKENS when None) need more memory than is free. `kv_format`: the KV cache's format
+        ("bf16", "q8", "q6", "q4"; engine.cache.Cache).
         """
         path = Path(path).expanduser()
-        return self._start(lambda report: path, name or model_display_name(path), 0.0, context_length=context_length)
+        name = name or model_display_name(path)
+        return self._start(lambda report: path, name, 0.0, context_length=context_length, kv_format=kv_format)
 
-    def fetch_and_load_starter(self, context_length: int | None = None) -> asyncio.Task[bool]:
+    def fetch_and_load_starter(self, context_length: int | None = None, kv_format: str = "bf16") -> asyncio.Task[bool]:
         """Load the starter model, fetching it first (first half of the progress bar) when it is absent."""
         target = starter_path()
         return self._start(
@@ -292,6 +301,7 @@ class EngineService(QObject):
             fetch_share=0.0 if target.is_file() else 0.5,
             explain_fetch=starter_failure,
             context_length=context_length,
+            kv_format=kv_format,
         )
 
     async def wait_loaded(self) -> bool:
@@ -315,6 +325,7 @@ class EngineService(QObject):
         fetch_share: float,
         explain_fetch: Callable[[Exception], str] | None = None,
         context_length: int | None = None,
+        kv_format: str = "bf16",
     ) -> asyncio.Task[bool]:
         if self._closed:
             raise RuntimeError("this EngineService is closed; create a new one to load models")
@@ -325,7 +336,7 @@ class EngineService(QObject):
             loop = asyncio.get_running_loop()
         except RuntimeError:  # called before the qasync loop runs: the task starts when it does
             loop = asyncio.get_event_loop()
-        coro = self._load(self._requests, resolve, name, fetch_share, explain_fetch or str, context_length)
+        coro = self._load(self._requests, resolve, name, fetch_share, explain_fetch or str, context_length, kv_format)
         task = loop.create_task(coro, name=f"load {name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -340,6 +351,7 @@ class EngineService(QObject):
         fetch_share: float,
         explain_fetch: Callable[[Exception], str],
         context_length: int | None,
+        kv_format: str,
     ) -> bool:
         async with self._load_lock:  # one load at a time: at most two models (old + new) in memory
             if request != self._requests or self._closed:
@@ -351,7 +363,14 @@ class EngineService(QObject):
             report_weights = self._progress_reporter(request, fetch_share, _WEIGHTS_END)
             try:
                 loaded = await in_worker(
-                    self._loader.prepare, resolve, name, report_fetch, report_weights, context_length, pool=LOADER
+                    self._loader.prepare,
+                    resolve,
+                    name,
+                    report_fetch,
+                    report_weights,
+                    context_length,
+                    kv_format,
+                    pool=LOADER,
                 )
                 if self._closed:
                     return False

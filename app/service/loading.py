@@ -26,7 +26,7 @@ from app.service.memory_plan import (
 from engine import Cache, Model, Tokenizer
 from engine.chat_template import ChatTemplate
 from engine.errors import ChatTemplateError, ModelLoadError
-from engine.memory_fit import MemoryNeed, check_memory
+from engine.memory_fit import MemoryNeed, check_memory, kv_format_problem
 from engine.model_info import ModelInfo, read_model_info
 from engine.paths import user_data_dir
 from engine.vision.handle import vision_of
@@ -55,8 +55,9 @@ class LoadFailed(Exception):
 @dataclasses.dataclass(frozen=True)
 class Loader:
     """How this app loads models: onto `device` in `dtype`, a paged cache of at most `max_cache_tokens`
-    tokens in pages of `page_size`, sized from `free_memory()`. `prompt_cache_dir`: finished pages also go to
-    that folder (at most `prompt_cache_bytes`), so a reopened app continues a long chat without recomputing it."""
+    tokens (or one chosen context) in pages of `page_size`, sized from `free_memory()`. `prompt_cache_dir`:
+    finished pages also go to that folder (at most `prompt_cache_bytes`), so a reopened app continues a long
+    chat without recomputing it."""
 
     device: torch.device
     dtype: torch.dtype | str | None
@@ -66,12 +67,17 @@ class Loader:
     prompt_cache_dir: Path | None = None
     prompt_cache_bytes: int = PROMPT_CACHE_BYTES
 
-    def check_fit(self, info: ModelInfo, context_length: int | None = None) -> MemoryNeed:
+    def check_fit(self, info: ModelInfo, context_length: int | None = None, kv_format: str = "bf16") -> MemoryNeed:
         """What loading `info`'s model takes with one chat of `context_length` tokens (None:
-        DEFAULT_CONTEXT_TOKENS; at most the model's own), in the dtype and weight layout used here. Raises
-        NotEnoughMemoryError, naming what to change, when that is more than is free."""
-        layout = weight_layout(info, self.device, self.dtype)
-        return check_memory(info, checked_context(info, context_length), self.free_memory(), *layout)
+        DEFAULT_CONTEXT_TOKENS; at most the model's own) in a cache of `kv_format`, in the dtype and weight
+        layout used here. Raises NotEnoughMemoryError, naming what to change, when that is more than is free,
+        and ModelLoadError when the model cannot take `kv_format`."""
+        problem = kv_format_problem(info.head_dim, kv_format)
+        if problem is not None:
+            raise ModelLoadError(problem[0].upper() + problem[1:] + ".")
+        itemsize, keeps_blocks = weight_layout(info, self.device, self.dtype)
+        context = checked_context(info, context_length)
+        return check_memory(info, context, self.free_memory(), itemsize, keeps_blocks, kv_format)
 
     def prepare(
         self,
@@ -80,30 +86,35 @@ class Loader:
         report_fetch: Progress,
         report_weights: Progress,
         context_length: int | None,
+        kv_format: str = "bf16",
     ) -> Loaded:
-        """Loader thread: fetch (`resolve`), check memory, load. Raises FetchFailed or LoadFailed, each with
-        the error as its cause."""
+        """Loader thread: fetch (`resolve`), check memory, load, with a cache in `kv_format` (engine.cache's
+        KV_FORMATS). Raises FetchFailed or LoadFailed, each with the error as its cause.
+
+        A chosen `context_length` gets its whole cache even past `max_cache_tokens` (the memory check has
+        passed); without one the cache is at most `max_cache_tokens`."""
         try:
             path = Path(resolve(report_fetch))
         except Exception as e:
             raise FetchFailed(str(e)) from e
         try:
-            self._check_memory(path, context_length)  # before any weight is read: no swap storm
+            self._check_memory(path, context_length, kv_format)  # before any weight is read: no swap storm
             model = Model.load(path, device=self.device, dtype=self.dtype, progress=report_weights)
             tokenizer = model.tokenizer
             template = _chat_template(tokenizer, path)
             model_context = model.config.max_position_embeddings
             if context_length is not None:
                 model_context = min(model_context, context_length)
+            chat_tokens = min(model_context, context_length or min(DEFAULT_CONTEXT_TOKENS, self.max_cache_tokens))
             num_tokens = plan_cache_tokens(
                 model_context,
-                kv_bytes_per_token(model.config, model.dtype),
+                kv_bytes_per_token(model.config, model.dtype, kv_format),
                 self.free_memory(),
                 self.page_size,
                 self.max_cache_tokens,
-                min_tokens=min(model_context, context_length or DEFAULT_CONTEXT_TOKENS),
+                min_tokens=chat_tokens,
             )
-            cache = Cache(model, num_tokens, page_size=self.page_size)
+            cache = Cache(model, num_tokens, page_size=self.page_size, kv_format=kv_format)
         except Exception as e:
             raise LoadFailed(path) from e
         if self.prompt_cache_dir is not None:
@@ -118,14 +129,14 @@ class Loader:
         context = min(model_context, num_tokens)
         return Loaded(path, name, model, tokenizer, template, cache, context, context_length, vision=vision_of(model))
 
-    def _check_memory(self, path: Path, context_length: int | None) -> None:
+    def _check_memory(self, path: Path, context_length: int | None, kv_format: str) -> None:
         """check_fit for the file at `path`. A file that cannot be described is left to the load, whose
         error names what is wrong with it."""
         try:
             info = read_model_info(path)
         except ModelLoadError:
             return
-        self.check_fit(info, context_length)
+        self.check_fit(info, context_length, kv_format)
 
 
 def prompt_cache_dir() -> Path:

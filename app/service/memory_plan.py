@@ -13,7 +13,14 @@ import torch
 
 from engine.config.model import ModelConfig
 from engine.loading.model import default_dtype, default_quantized, parse_dtype
-from engine.memory_fit import CONTEXT_STEP, OVERHEAD_BYTES, MemoryNeed, NotEnoughMemoryError, format_bytes
+from engine.memory_fit import (
+    CONTEXT_STEP,
+    OVERHEAD_BYTES,
+    MemoryNeed,
+    NotEnoughMemoryError,
+    format_bytes,
+    kv_format_problem,
+)
 from engine.memory_fit import kv_bytes_per_token as kv_cache_bytes_per_token
 from engine.model_info import ModelInfo
 
@@ -54,24 +61,28 @@ def plan_cache_tokens(
 
     min(context_length * 4, max_tokens), then at most CACHE_MEMORY_SHARE of `free_bytes`, rounded down
     to whole pages (at least one). In bfloat16, 32768 tokens take 0.75 GB for SmolLM2-135M and 4 GB for
-    Llama-3-8B; several chats rarely all reach the full context, and pages are shared across turns.
-    `min_tokens` (the one chat a load was checked for) are kept past that share while they fit in
-    `free_bytes` beside the working overhead, so the context chosen is the context given.
+    Llama-3-8B (a Q8 cache about half); several chats rarely all reach the full context, and pages are shared
+    across turns. `min_tokens` (the one chat a load was checked for, at most `context_length`) are kept past
+    that share and past `max_tokens` while they fit in `free_bytes` beside the working overhead, so the context
+    chosen is the context given.
     """
-    tokens = min(context_length * CONCURRENT_CHATS, max_tokens)
+    wanted = -(-min(min_tokens, context_length) // page_size) * page_size  # the one chat, in whole pages
+    tokens = max(min(context_length * CONCURRENT_CHATS, max_tokens), wanted)
     if free_bytes is not None and bytes_per_token > 0:
         budget = int(free_bytes * CACHE_MEMORY_SHARE)
-        floor = -(-min(min_tokens, tokens) // page_size) * page_size * bytes_per_token  # whole pages
+        floor = wanted * bytes_per_token
         if floor <= free_bytes - OVERHEAD_BYTES:
             budget = max(budget, floor)
         tokens = min(tokens, budget // bytes_per_token)
     return max(page_size, tokens // page_size * page_size)
 
 
-def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes one token takes in the KV cache: keys and values of every layer."""
+def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype, kv_format: str = "bf16") -> int:
+    """Bytes one token takes in a Cache of `kv_format` for `config` ("bf16": pages in `dtype`), keys and values
+    of every layer, quantized blocks' scales included: the Cache's own bytes_per_token."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return kv_cache_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, itemsize)
+    layers, heads, head_dim = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
+    return kv_cache_bytes_per_token(layers, heads, head_dim, itemsize, kv_format)
 
 
 def free_memory_bytes(device: torch.device) -> int | None:
@@ -104,6 +115,7 @@ __all__ = [
     "format_bytes",
     "free_memory_bytes",
     "kv_bytes_per_token",
+    "kv_format_problem",
     "plan_cache_tokens",
     "weight_layout",
 ]

@@ -7,8 +7,9 @@ a finished download is added to the list and loaded. The speculation setting liv
 app/ui/speculation_box.py.
 
 The selected model's card (app/ui/model_card.py) shows what it is and the memory it needs at the chosen
-context (saved in the store). A load the service refuses for memory offers the longest context that fits;
-the model already loaded is not loaded again.
+context and KV cache format (both saved in the store; the context, until one is chosen, the largest that fits).
+A load the service refuses for memory offers the longest context that fits; the model already loaded is not
+loaded again.
 """
 
 from __future__ import annotations
@@ -43,13 +44,12 @@ from app.service.catalog import (
     supported_architectures,
     vision_architectures,
 )
-from app.service.memory_plan import DEFAULT_CONTEXT_TOKENS
 from app.service.remote_endpoints import saved_endpoint
 from app.service.speculation import Speculation, load_speculation
 from app.ui.download_box import PROGRESS_STEPS, DownloadBox
 from app.ui.model_card import ModelCard
 from app.ui.model_list import DEMO_KIND, KIND_ROLE, PATH_ROLE, STARTER_KIND, ModelList, same_path
-from app.ui.model_loading import CONTEXT_SETTING, LoadProgress
+from app.ui.model_loading import CONTEXT_SETTING, KV_FORMAT_SETTING, LoadProgress
 from app.ui.remote_dialog import ask_remote
 from app.ui.speculation_box import SpeculationBox
 from app.ui.theme import mark
@@ -80,7 +80,7 @@ _FAMILY_NAMES = {
 
 
 def family_name(architecture: str) -> str:
-    """"Gemma3ForCausalLM" -> "Gemma 3": the family a config.json architecture belongs to."""
+    """The family a config.json architecture belongs to: "Gemma3ForCausalLM" -> "Gemma 3"."""
     stem = re.sub(r"For(CausalLM|ConditionalGeneration)$", "", architecture)
     return _FAMILY_NAMES.get(stem, stem)
 
@@ -119,7 +119,9 @@ class ModelManager(LoadProgress, QDialog):
         self.model_list.itemDoubleClicked.connect(self._on_double_click)
         self.model_list.currentItemChanged.connect(lambda *_: self._selection_changed())
         self.card = ModelCard(service)
-        self.card.context_edited.connect(lambda tokens: self.store.set_setting(CONTEXT_SETTING, tokens))
+        # 0 from the card is "the largest that fits": saved as no context chosen
+        self.card.context_edited.connect(lambda tokens: self.store.set_setting(CONTEXT_SETTING, tokens or None))
+        self.card.kv_format_edited.connect(lambda kv_format: self.store.set_setting(KV_FORMAT_SETTING, kv_format))
 
         self.add_folder_button = QPushButton("Add folder…")
         self.add_gguf_button = QPushButton("Add .gguf file…")
@@ -243,12 +245,7 @@ class ModelManager(LoadProgress, QDialog):
             self.card.show_model(None, note=str(e))
             return
         note = "" if Path(path).exists() else "Downloaded when you load it."
-        self.card.show_model(info, self.context_setting(), note)
-
-    def context_setting(self) -> int:
-        """The context models are loaded with (each capped at its own): the last one chosen on the card."""
-        value = self.store.get_setting(CONTEXT_SETTING, DEFAULT_CONTEXT_TOKENS)
-        return value if isinstance(value, int) and value > 0 else DEFAULT_CONTEXT_TOKENS
+        self.card.show_model(info, self._chosen_context(path), note, self.kv_format_setting())
 
     def _update_buttons(self) -> None:
         item = self.model_list.currentItem()
@@ -324,32 +321,34 @@ class ModelManager(LoadProgress, QDialog):
             return
         self.load(path)
 
-    def load(self, path: str | Path, context_length: int | None = None) -> None:
+    def load(self, path: str | Path, context_length: int | None = None, kv_format: str | None = None) -> None:
         """Start loading a listed model (the starter is fetched first if absent) with `context_length` tokens
-        a chat (default: the card's context, at most the model's own); progress shows below. The model
-        already loaded at that context, or already being loaded, is not loaded again."""
+        a chat and a KV cache in `kv_format` (defaults: the card's, fitted to the model); progress shows
+        below. The model already loaded so, or already being loaded, is not loaded again."""
         path = str(path)
-        context = context_length or self._context_for(path)
+        context, chosen_format = self._load_choice(path)
+        context, kv_format = context_length or context, kv_format or chosen_format
         self.clear_error()
         if self._pending is not None and same_path(self._pending[0], path):
             self.status_label.setText(f"{self._pending[1]} is loading already.")
             return
-        if same_path(path, self.service.model_path) and context in (
-            self.service.context_request,
-            self.service.context_length,
+        if (
+            same_path(path, self.service.model_path)
+            and context in (self.service.context_request, self.service.context_length)
+            and kv_format == self.service.kv_format
         ):
             self.status_label.setText(f"{self.service.model_name} is already loaded.")
             return
         if same_path(path, starter_path()):
             self._pending = (path, STARTER_NAME)
-            self.service.fetch_and_load_starter(context)
+            self.service.fetch_and_load_starter(context, kv_format)
             return
         if same_path(path, demo_vision_path()):
             name = DEMO_VISION_NAME  # bundled: loads from disk, no network
         else:
             name = next((e.name for e in self.store.models.all() if same_path(e.path, path)), None)
         self._pending = (path, name or model_display_name(path))
-        self.service.load_model(path, name, context)
+        self.service.load_model(path, name, context, kv_format)
 
     # --- speculation ---------------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QFileDialog
 
+from app.ui.model_card import kv_format_name
 from app.ui.server_panel import ServerPanel
 from app.ui.shortcuts_dialog import ShortcutsDialog
 
@@ -76,7 +77,7 @@ class ModelSide:
 
     def _model_loaded(self, name: str) -> None:
         self.backends.use_local()  # a model chosen here is what the user wants to chat with
-        self.model_label.setText(f"Model: {name} · context {self.service.context_length} tokens")
+        self.model_label.setText(local_status(self.service))
         self.load_progress.setVisible(False)
         for tab in self.chat_tabs():
             tab.refresh_context_meter()
@@ -93,7 +94,7 @@ class ModelSide:
             self.model_label.setText(remote)
             self.error_label.clear()
         elif self.service.is_loaded:
-            self.model_label.setText(f"Model: {self.service.model_name} · context {self.service.context_length} tokens")
+            self.model_label.setText(local_status(self.service))
         self._send_pending()
 
     def _send_pending(self) -> None:
@@ -106,6 +107,13 @@ class ModelSide:
         local = f"Model: {self.service.model_name}" if self.service.is_loaded else "No model"
         self.model_label.setText(self.backends.status_line() or local)
         self.show_error(message)
+
+
+def local_status(service) -> str:
+    """The status bar's line for the local model: "Model: name · context 32768 tokens · Q8 cache"."""
+    kv_format = service.kv_format
+    cache = "full-precision" if kv_format in (None, "bf16") else kv_format_name(kv_format)
+    return f"Model: {service.model_name} · context {service.context_length} tokens · {cache} cache"
 
 
 def _fitted(window: Any, width: int, height: int) -> QSize:

@@ -12,7 +12,8 @@ from app.ui.main_window import CURRENT_TAB_KEY, OPEN_TABS_KEY, MainWindow
 
 
 def test_status_bar_shows_the_model_and_a_failed_load(window, engine_service, run, ui, tmp_path):
-    assert window.model_label.text() == f"Model: tiny · context {engine_service.context_length} tokens"
+    context = engine_service.context_length
+    assert window.model_label.text() == f"Model: tiny · context {context} tokens · full-precision cache"
     assert not window.load_progress.isVisible()
 
     async def go():

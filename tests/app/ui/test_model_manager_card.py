@@ -64,9 +64,9 @@ def test_the_card_shows_what_a_gguf_is_and_what_it_needs(manager, app_store, ben
     assert card.value("Quantization") == "Q4_K_M"
     assert card.value("Size on disk") == format_bytes(bench_gguf.stat().st_size)
     assert card.value("Context") == "131,072 tokens" and card.value("Images") == "text only"
-    assert card.context_tokens() == 8192  # the default, not the model's 131,072
+    assert card.context_tokens() == 131072  # the default: the largest that fits, here the model's own
     text = card.memory_label.text()
-    assert "at 8,192 tokens" in text and "64.0 GB free now" in text and card.fits(), text
+    assert "at 131,072 tokens" in text and "64.0 GB free now" in text and card.fits(), text
     row = manager.model_list.item(row_of(manager, bench_gguf)).text()
     assert "Q4_K_M" in row and "13.8M parameters" in row
 

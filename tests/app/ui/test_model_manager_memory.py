@@ -80,6 +80,7 @@ def test_a_model_that_does_not_fit_is_refused_and_loads_at_the_context_offered(
 
     info = read_model_info(bench_gguf)
     free.bytes = service.check_fit(info, 2048).total_bytes + 100_000  # 2,048 tokens fit, 8,192 do not
+    app_store.set_setting(CONTEXT_SETTING, 8192)  # chosen earlier (none chosen: the largest that fits)
     manager.add_model(bench_gguf)
     card = manager.card
     assert card.context_tokens() == 8192 and card.fits() is False
