@@ -26,6 +26,10 @@ dispatch.register("silu_and_mul", activation.silu_and_mul, reference=True)
 # Triton kernels go ahead of the twins; each declines (None) anything but CUDA tensors it can handle.
 dispatch.register("write_kv", triton_kernels.write_kv)
 dispatch.register("paged_attention", triton_kernels.paged_attention)
+# Quantized pages (uint8 caches, kernels/torch_ref/kv_quant.py): each candidate declines float caches.
+dispatch.register("write_kv", triton_kernels.write_kv_quant)
+dispatch.register("paged_attention", triton_kernels.paged_attention_quant)
+dispatch.register("paged_attention_key_ends", triton_kernels.paged_attention_key_ends_quant)
 # The fused C decode kernel (compiled on first use) goes ahead of the twin for CPU decode steps.
 dispatch.register("paged_attention", cpu_attention.paged_attention)
 dispatch.register("rms_norm", triton_kernels.rms_norm)

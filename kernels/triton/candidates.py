@@ -4,9 +4,9 @@ Each candidate below takes the op's arguments and returns None (so dispatch move
 unless every tensor is on a CUDA device, in a dtype and shape the kernel handles, and triton is installed.
 Only then is the kernel module imported, so a CPU-only process never loads triton at all.
 
-The kernel modules (`attention`, `kv_write`, `norm`, `rope`, `activation`, `gguf_matmul`) can also be called directly;
-the tests run them on CPU tensors under triton's interpreter, turned on by `launch.use_interpreter()` before
-triton is first imported.
+The kernel modules (`attention`, `kv_write`, `kv_quant`, `norm`, `rope`, `activation`, `gguf_matmul`) can also be
+called directly; the tests run them on CPU tensors under triton's interpreter, turned on by
+`launch.use_interpreter()` before triton is first imported.
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ from functools import cache
 import torch
 
 from kernels.torch_ref.gguf_blocks import BLOCKS
+from kernels.torch_ref.kv_quant import FORMATS, GROUP, row_bytes
 from kernels.triton.launch import DTYPES
 
 MAX_NORM_COLS = 16384  # the norm kernel keeps a row in registers
 MAX_ROPE_HEAD_DIM = 512
+MAX_QUANT_HEAD_DIM = 256  # the quantized attention kernels dequantize a whole head row of each key in registers
 
 
 @cache
@@ -96,6 +98,91 @@ def paged_attention(
 
     return attention.paged_attention(
         q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window, page_runs
+    )
+
+
+def _quant_bits(k_cache: torch.Tensor, v_cache: torch.Tensor, head_dim: int) -> int | None:
+    """The bits of a pair of quantized cache layers the kernels read (uint8 rows of one format for heads of
+    `head_dim`, alike in shape and strides, unit last stride, 2-byte aligned for the float16 scales), else None."""
+    if k_cache.dtype != torch.uint8 or v_cache.dtype != torch.uint8 or k_cache.dim() != 4:
+        return None
+    if k_cache.data_ptr() % 2 or v_cache.data_ptr() % 2:
+        return None
+    if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
+        return None
+    if head_dim % GROUP or not GROUP <= head_dim <= MAX_QUANT_HEAD_DIM:
+        return None
+    return next((bits for bits in FORMATS.values() if row_bytes(head_dim, bits) == k_cache.shape[3]), None)
+
+
+def write_kv_quant(k_cache, v_cache, k, v, slot_mapping) -> bool | None:
+    if not _on_cuda(k_cache, v_cache, k, v, slot_mapping) or k.dim() != 3 or k.shape != v.shape:
+        return None
+    if k.dtype not in DTYPES or v.dtype not in DTYPES or k.stride(-1) != 1 or v.stride(-1) != 1:
+        return None
+    if _quant_bits(k_cache, v_cache, k.shape[2]) is None or k.shape[1] != k_cache.shape[2]:
+        return None
+    if slot_mapping.dtype not in (torch.int32, torch.int64) or slot_mapping.shape != k.shape[:1]:
+        return None
+    from kernels.triton import kv_quant
+
+    return kv_quant.write_kv(k_cache, v_cache, k, v, slot_mapping)
+
+
+def _quant_attention_ok(q, k_cache, v_cache, block_tables, seq_lens, query_lens) -> bool:
+    if not _on_cuda(q, k_cache, v_cache, block_tables, seq_lens) or q.dtype not in DTYPES or q.dim() != 3:
+        return False
+    if q.stride(-1) != 1 or _quant_bits(k_cache, v_cache, q.shape[2]) is None or not query_lens:
+        return False
+    if not attention_supports(q.shape[2], q.shape[1], k_cache.shape[2]):
+        return False
+    return block_tables.dim() == 2 and block_tables.stride(1) == 1
+
+
+def paged_attention_quant(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sliding_window: int | None = None,
+    page_runs: Sequence[int] | None = None,
+) -> torch.Tensor | None:
+    if not _quant_attention_ok(q, k_cache, v_cache, block_tables, seq_lens, query_lens):
+        return None
+    from kernels.triton import kv_quant
+
+    # page_runs is not needed: the kernels read pages in place.
+    return kv_quant.paged_attention(
+        q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window
+    )
+
+
+def paged_attention_key_ends_quant(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sliding_window: int | None,
+    key_ends: torch.Tensor,
+) -> torch.Tensor | None:
+    if not _quant_attention_ok(q, k_cache, v_cache, block_tables, seq_lens, query_lens):
+        return None
+    if key_ends.device != q.device or key_ends.dtype not in (torch.int32, torch.int64):
+        return None
+    if key_ends.shape != q.shape[:1] or not key_ends.is_contiguous():
+        return None
+    from kernels.triton import kv_quant
+
+    return kv_quant.paged_attention(
+        q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window, key_ends
     )
 
 
