@@ -2,8 +2,9 @@
 `transformers serve`, another Tandem's `python -m engine serve`), used like the local engine.
 
 The chat sends {"role", "content"} messages and its settings; this module turns them into one streamed
-/chat/completions request (images as data: URLs) and reads the reply as the engine's result dicts
-(app.service.remote_stream). Nothing here imports Qt: it runs on whatever asyncio loop calls it (qasync's
+/chat/completions request (images as data: URLs), its old turns left out as the chat's overflow policy says
+when it is longer than the model's context (app.service.remote_overflow), and reads the reply as the
+engine's result dicts (app.service.remote_stream). Nothing here imports Qt: it runs on whatever asyncio loop calls it (qasync's
 in the app). What goes wrong on the way or at the server is a RemoteError raised from the job, with a message
 for the user (app.service.remote_errors); a conversation that cannot be sent as it is, a ValueError at once.
 """
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import httpx2
 from PIL import Image
 
+from app.service.generation import DEFAULT_OVERFLOW
 from app.service.images import ImageSource, read_image
 from app.service.remote_errors import (
     RemoteBadReply,
@@ -30,7 +32,9 @@ from app.service.remote_errors import (
     status_error,
     transport_error,
 )
+from app.service.remote_overflow import RemoteFit, TokenCounter
 from app.service.remote_stream import RemoteJob
+from engine.chat.overflow import OverflowPolicy
 from engine.vision.prompt import count_images
 
 if TYPE_CHECKING:
@@ -76,6 +80,7 @@ class RemoteBackend:
         self._penalty_field = "repetition_penalty"
         self._optional_refused = False
         self._listed = False  # GET /models has answered (see _ensure_listed)
+        self._counter = TokenCounter(self.base_url.removesuffix("/v1"), self._client)
 
     # --- what the app asks of any backend ------------------------------------------------------------------
 
@@ -91,7 +96,7 @@ class RemoteBackend:
     @property
     def context_length(self) -> int:
         """The model's context in tokens when the server told it (vLLM's max_model_len, llama-server's
-        n_ctx), else 0: unknown."""
+        n_ctx, or the context a refusal for length stated), else 0: unknown."""
         return self._context_length
 
     @property
@@ -162,10 +167,14 @@ class RemoteBackend:
 
         `messages` are {"role", "content"} dicts; a user message's content may be a list of parts holding
         {"type": "image"}, and `images` are those images' files (or bytes) in the order the parts appear.
-        `settings` is a GenerationSettings (sampler fields, seed, max_new_tokens, json_mode). Raises
+        `settings` is a GenerationSettings (sampler fields, seed, max_new_tokens, json_mode, overflow). Raises
         ValueError at once when images go to a model the user has not marked as seeing images, or an image
         cannot be read; what the server says (no server, no such model, ...) is a RemoteError raised from the
         job. The first answer lists the server's models (see list_models) unless that was done already.
+
+        Past the model's context the chat's overflow policy leaves old turns out (app.service.remote_overflow):
+        this returns once they are chosen, and the job's `first_seen` says which message the model's view
+        resumes at (None: it sees them all), as the local engine's answer does.
         """
         if images and not self.sees_images:
             raise ValueError(
@@ -173,12 +182,17 @@ class RemoteBackend:
                 "images (a vision-language model), tick 'sees images' for this endpoint; otherwise remove them."
             )
         _count_image_parts(messages, len(images))
+        policy = OverflowPolicy.parse(settings.overflow or DEFAULT_OVERFLOW)
         wire = _wire_messages(messages, system_prompt, await asyncio.to_thread(_data_urls, list(images)))
+        num_system = len(wire) - len(messages)
+        fit = RemoteFit(
+            wire, num_system, policy, int(settings.max_new_tokens), self._counter, lambda: self.model, self._learn
+        )
 
         async def body() -> dict[str, Any]:
             # In the job's task, so that a server which cannot be reached fails the job, as the engine's do.
             await self._ensure_listed()
-            out = self.request_body(wire, settings)
+            out = {**self.request_body(wire, settings), **await fit.fit(self._context_length)}
             if self._optional_refused:
                 out = {k: v for k, v in out.items() if k not in OPTIONAL_FIELDS}
             return out
@@ -192,8 +206,14 @@ class RemoteBackend:
             identifier=identifier,
             optional_fields=OPTIONAL_FIELDS,
             on_optional_refused=self._remember_optional_refused,
+            fit=fit,
         )
         job.start()
+        try:
+            await job.ready()  # the turns kept are known (first_seen) before the chat shows the answer
+        except asyncio.CancelledError:
+            await job.cancel()
+            raise
         return job
 
     async def _ensure_listed(self) -> None:
@@ -246,6 +266,12 @@ class RemoteBackend:
 
     def _remember_optional_refused(self) -> None:
         self._optional_refused = True
+
+    def _learn(self, context_length: int) -> None:
+        """A refusal for length stated the model's context: later answers fit to it before they are sent."""
+        if context_length != self._context_length:
+            log.info("%s: the server's context is %d tokens (it said so refusing a request)", self.name, context_length)
+            self._context_length = context_length
 
     def _client(self) -> httpx2.AsyncClient:
         """A client for one request or one listing: a client belongs to the event loop it was first used on,

@@ -9,6 +9,9 @@ what happened and what to do. The chat shows the message under the partial answe
       RemoteStreamCut           the connection ended before the answer did
       RemoteBadReply            the reply is not OpenAI-shaped (an HTML page, not JSON, no choices)
       RemoteRefused             any other error status, with the server's own message
+
+`context_exceeded` tells a refusal for length (prompt + max_tokens past the model's context) from the rest, and
+`stated_context` reads the context the refusal names, for the chat's overflow policy (app.service.remote_overflow).
 """
 
 from __future__ import annotations
@@ -112,6 +115,26 @@ def status_error(status: int, body: bytes, url: str, model: str | None) -> Remot
             "example http://host:8000/v1."
         )
     return RemoteRefused(f"The server at {url} answered {status}.{quoted or ' It gave no reason.'}", status, said)
+
+
+def context_exceeded(error: RemoteRefused) -> bool:
+    """A 400 saying prompt + max_tokens is past the model's context, in the words vLLM, llama-server and
+    Tandem's server use (the code, or the message)."""
+    said = error.server_message.lower()
+    return error.status == 400 and (
+        "context_length_exceeded" in said or "context length" in said or "context size" in said
+    )
+
+
+# vLLM: "maximum context length is 4096 tokens", llama-server: "the available context size (4096 tokens)",
+# Tandem: "maximum context length is 4096 tokens (--context)": the first count of tokens after "context".
+_STATED_CONTEXT = re.compile(r"context[^.\d]{0,40}?(\d+) tokens", re.IGNORECASE)
+
+
+def stated_context(error: RemoteRefused) -> int:
+    """The model's context in tokens as a refusal for length states it; 0 when it names none."""
+    found = _STATED_CONTEXT.search(error.server_message)
+    return int(found.group(1)) if found else 0
 
 
 def not_openai(url: str, content_type: str, body: bytes) -> RemoteBadReply:

@@ -1,7 +1,9 @@
 """One answer streamed from a remote OpenAI-compatible server, read as AnswerChunks (app.service.backend).
 
     start_answer ──> RemoteJob.start(): a reader task builds the request body (listing the models once,
-                     reading images), POSTs it and parses the reply's server-sent events
+                     fitting the chat to the context: app.service.remote_overflow), POSTs it and parses
+                     the reply's server-sent events; a refusal for length before any text is asked again
+                     with fewer old turns (the chat's policy) or without max_tokens
                         │   text deltas, finish_reason, usage ──> chunks ──> asyncio queue
     async for chunk in job  <───────────────────────────────────────────────────┘
     await job.cancel(): cancels the reader task, which closes the HTTP stream (the server cancels its job)
@@ -27,11 +29,14 @@ from app.service.remote_errors import (
     RemoteBadReply,
     RemoteError,
     RemoteRefused,
+    context_exceeded,
     not_openai,
+    stated_context,
     status_error,
     stream_cut,
     transport_error,
 )
+from app.service.remote_overflow import RemoteFit
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,7 @@ class RemoteJob:
         identifier: object = None,
         optional_fields: tuple[str, ...] = (),
         on_optional_refused: Callable[[], None] | None = None,
+        fit: RemoteFit | None = None,
     ):
         self._make_client = make_client
         self._url = url
@@ -73,6 +79,9 @@ class RemoteJob:
         self._optional_fields = optional_fields
         self._on_optional_refused = on_optional_refused
         self.dropped_fields: tuple[str, ...] = ()
+        # The chat's overflow policy: a refusal for length before any text drops more old turns (see refit).
+        self._fit = fit
+        self._built = asyncio.Event()  # the request body is made (its conversation fitted), or the job ended
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._finished = False  # the eos result, an error or the cancel marker has been handed out
@@ -80,6 +89,23 @@ class RemoteJob:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._read(), name=f"remote-answer {self._url}")
+
+    async def ready(self) -> None:
+        """Return once the request is built, its conversation fitted to the context (so `first_seen` is known
+        unless the server refuses it for length), or the job has ended (its error is raised by the iteration)."""
+        if self._task is None:
+            return
+        built = asyncio.ensure_future(self._built.wait())
+        try:
+            await asyncio.wait({built, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            built.cancel()
+
+    @property
+    def first_seen(self) -> int | None:
+        """Index of the first of the chat's messages the model sees, after the overflow policy dropped older
+        ones (None: it sees them all); it moves on when a refusal for length makes more go."""
+        return self._fit.first_seen if self._fit is not None else None
 
     @property
     def is_running(self) -> bool:
@@ -116,19 +142,19 @@ class RemoteJob:
         client = self._make_client()
         try:
             body = await self._make_body()
+            self._built.set()
             while True:
                 try:
                     await self._stream(client, body)
                     return
                 except RemoteRefused as e:
-                    if "max_tokens" in body and not self.text and _context_exceeded(e):
-                        # The answer asked for more than the context leaves after the prompt (whose length
-                        # only the server knows): without max_tokens the server gives the room there is.
-                        log.info("%s: max_tokens past the context; asking for what the context leaves", self._base_url)
-                        body = {k: v for k, v in body.items() if k != "max_tokens"}
+                    if self.text:
+                        raise
+                    if context_exceeded(e):
+                        body = await self._past_context(body, e)
                         continue
                     refused = [f for f in self._optional_fields if f in body and f in e.server_message]
-                    if not refused or self.text:
+                    if not refused:
                         raise
                     self.dropped_fields = tuple(f for f in self._optional_fields if f in body)
                     log.warning("%s refused %s; asking again without them", self._base_url, self.dropped_fields)
@@ -143,7 +169,23 @@ class RemoteJob:
             log.exception("reading the remote answer failed")
             self._queue.put_nowait(RemoteError(f"Reading the answer from {self._base_url} failed: {e!r}"))
         finally:
+            self._built.set()
             await client.aclose()
+
+    async def _past_context(self, body: dict[str, Any], error: RemoteRefused) -> dict[str, Any]:
+        """The request to send after a refusal for length: with more old turns left out where the chat's policy
+        allows, else without max_tokens (the server then gives the answer the room the prompt leaves, which only
+        it knows); `error` itself when neither is left."""
+        patch = await self._fit.refit(stated_context(error)) if self._fit is not None else None
+        if patch is not None:
+            if "max_tokens" not in body:
+                patch.pop("max_tokens", None)  # asked for once it was clear the context decides
+            log.info("%s: past the context; asking again from message %s on", self._base_url, self.first_seen)
+            return {**body, **patch}
+        if "max_tokens" in body:
+            log.info("%s: max_tokens past the context; asking for what the context leaves", self._base_url)
+            return {k: v for k, v in body.items() if k != "max_tokens"}
+        raise error
 
     async def _stream(self, client: httpx2.AsyncClient, body: dict[str, Any]) -> None:
         time_sent = time.perf_counter()
@@ -302,12 +344,3 @@ class _Split:
 def _text(delta: Mapping[str, Any], key: str) -> str:
     value = delta.get(key)
     return value if isinstance(value, str) else ""
-
-
-def _context_exceeded(error: RemoteRefused) -> bool:
-    """A 400 saying prompt + max_tokens is past the model's context, in the words vLLM, llama-server and
-    Tandem's server use (the code, or the message)."""
-    said = error.server_message.lower()
-    return error.status == 400 and (
-        "context_length_exceeded" in said or "context length" in said or "context size" in said
-    )

@@ -80,6 +80,7 @@ class _Stream:
     prefix: str = ""  # a continued answer's text before this job: the job's full_completion follows it
     base_tokens: int = 0  # ...and its tokens
     overflow: str = "stop"
+    first_seen: int | None = None  # the message the model's view begins at, as last told to the chat
 
 
 def conversation(
@@ -306,9 +307,10 @@ class ChatAnswer(QObject):
     def _track(self, stream: _Stream, settings: GenerationSettings, job: AnswerJob) -> None:
         stream.overflow = settings.overflow or "stop"
         self._prefill_timer.start()
-        # Only the local engine applies a policy and says where the model's view begins.
-        first_seen = getattr(job, "first_seen", None)
-        self.view_began.emit(-1 if first_seen is None else int(first_seen))
+        # Both backends apply the policy and say where the model's view begins (a remote one may move it on a
+        # retry after the server's refusal, before the first chunk: _run reads it again then).
+        stream.first_seen = getattr(job, "first_seen", None)
+        self.view_began.emit(-1 if stream.first_seen is None else int(stream.first_seen))
 
     def _show_prefill(self) -> None:
         stream, progress = self._stream, getattr(self._job, "prefill", None)  # the local engine's answers have it
@@ -321,6 +323,9 @@ class ChatAnswer(QObject):
         error: str | None = None
         try:
             async for chunk in job:
+                if (first_seen := getattr(job, "first_seen", None)) != stream.first_seen:
+                    stream.first_seen = first_seen
+                    self.view_began.emit(-1 if first_seen is None else int(first_seen))
                 stream.num_tokens += chunk["num_tokens"]
                 text = chunk["text"]
                 if chunk["thinking"] and not stream.thinking and stream.reasoning is not None:
