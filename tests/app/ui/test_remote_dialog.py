@@ -6,7 +6,8 @@ process. Tried: the dialog listing the server's models, a wrong key and a closed
 dialog, "Use this server" switching open tabs and new ones, a greedy answer through the remote equal to the
 server's own reply, the endpoint and key remembered (keyring or settings), a local model load switching back,
 `tandem --remote URL --prompt ... --quit-after-answer` printing the remote answer, and a closed port there
-ending with exit 1 and the reason.
+ending with exit 1 and the reason, and a remote chat longer than the server's context kept answering under
+truncate-middle with the divider where the model's view begins.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import torch
 
 from app.main import main
 from app.service.remote_endpoints import SETTING_KEY, Endpoint, saved_endpoint
+from app.ui.context_divider import DIVIDER_TEXT
 from app.ui.remote_dialog import RemoteDialog, use_remote
+from engine.chat.request import ChatRequest
 from engine.models import Model
 from engine.server.app import ServerOptions
 from engine.server.served import ServedModel
@@ -103,6 +106,34 @@ def test_a_chat_answers_through_the_server_and_a_local_load_switches_back(server
     assert new_tab.backend is window.backends.current  # tabs opened later chat through it too
     window._model_loaded("tiny")  # as when the model manager loads a local model
     assert window.backends.remote is None and tab.backend is engine_service and new_tab.backend is engine_service
+
+
+def test_a_remote_chat_past_the_servers_context_keeps_answering(server, window, run, ui, engine_service):
+    url, served = server
+    tab = window.current_tab()
+    assert run(use_remote(window, Endpoint(url, KEY)))
+    tab.set_settings(ui.greedy_settings(engine_service, 16))
+    tab.set_overflow("truncate-middle")
+    question = "Tell me about apples and pears number {}, and then about plums and cherries too, at length please."
+
+    async def ask(text: str) -> str:
+        tab.input.setPlainText(text)
+        assert tab.send(), tab.notice_text()
+        await ui.wait_idle(window)
+        return tab.notice_text()
+
+    turns = 10
+    for t in range(turns):
+        assert not run(ask(question.format(t)))
+    messages = window.store.messages(tab.chat_id)
+    assert len(messages) == 2 * turns and all(m.complete and m.text for m in messages if m.role == "assistant")
+    everything = ChatRequest([{"role": m.role, "content": m.text} for m in messages], tab.chat.system_prompt)
+    assert served.chat.prompt_ids(everything).shape[1] > served.chat.context_length  # all of it would be refused
+    divider = tab.view.divider
+    assert divider is not None and divider.isVisible() and divider.label.text() == DIVIDER_TEXT
+    ids = [m.id for m in messages]
+    first_seen = tab.view.divider_before()
+    assert first_seen in ids and ids.index(first_seen) >= 2  # the first exchange is still seen
 
 
 def test_tandem_remote_prints_the_servers_answer(server, qapp, tmp_path, monkeypatch, capsys):
