@@ -12,6 +12,7 @@ from kernels.cpu import blocks as cpu_blocks
 from kernels.cpu import build as cpu_build
 from kernels.cpu import elementwise as cpu_elementwise
 from kernels.cpu import int4 as cpu_int4
+from kernels.cpu import kv_quant as cpu_kv_quant
 from kernels.cpu import plan as cpu_plan
 from kernels.cpu.plan import Plan
 from kernels.torch_ref import activation, attention, gguf_blocks, gguf_repack, norm, quant, rope
@@ -32,6 +33,9 @@ dispatch.register("paged_attention", triton_kernels.paged_attention_quant)
 dispatch.register("paged_attention_key_ends", triton_kernels.paged_attention_key_ends_quant)
 # The fused C decode kernel (compiled on first use) goes ahead of the twin for CPU decode steps.
 dispatch.register("paged_attention", cpu_attention.paged_attention)
+# ...and its quantized-page form, with the C write that quantizes new rows (each declines float caches).
+dispatch.register("write_kv", cpu_kv_quant.write_kv)
+dispatch.register("paged_attention", cpu_kv_quant.paged_attention)
 dispatch.register("rms_norm", triton_kernels.rms_norm)
 dispatch.register("apply_rope", triton_kernels.apply_rope)
 dispatch.register("silu_and_mul", triton_kernels.silu_and_mul)
@@ -107,6 +111,8 @@ bind_rope = cpu_elementwise.bind_rope
 bind_silu_and_mul = cpu_elementwise.bind_silu_and_mul
 bind_write_slots = cpu_elementwise.bind_write_slots
 bind_paged_decode = cpu_attention.bind_decode
+bind_write_kv_quant = cpu_kv_quant.bind_write  # quantized pages (uint8 cache layers)
+bind_paged_decode_quant = cpu_kv_quant.bind_decode
 PlanError = cpu_plan.PlanError
 
 

@@ -9,8 +9,10 @@ mostly Python and dispatch overhead through the modules, which the plan removes.
 Each call is the one the layer's modules would make, with the same arguments (the ops' own `bind_*`
 functions), so a planned step gives the same bits as `DecoderLayer.forward`; tests/engine/models/
 test_decode_plan.py holds it to that. Llama, Mistral, Qwen2 (q/k/v biases) and Qwen3 (q/k norms) layers are
-covered; a model or batch the plan does not cover (float or int4 weights, Gemma 3's layers, CUDA, prompt
-tokens in the batch, TANDEM_FORCE_REFERENCE) takes the modules.
+covered, over bfloat16 pages or quantized ones (cache.kv_format "q8", "q6", "q4": uint8 layers, written and
+read by kernels/cpu/kv_quant.py's kernels, as the ops dispatch them); a model or batch the plan does not cover
+(float or int4 weights, Gemma 3's layers, CUDA, prompt tokens in the batch, TANDEM_FORCE_REFERENCE) takes the
+modules.
 """
 
 from __future__ import annotations
@@ -151,24 +153,8 @@ def _record_layer(plan, layer, k_cache, v_cache, inputs: _Inputs, x, residual):
         and plan.add(ops.bind_rope(k_in, inputs.cos, inputs.sin, k, threads))
     ):
         return None
-
-    writes = [ops.bind_write_slots(new, cache, inputs.slots) for new, cache in ((k, k_cache), (v, v_cache))]
-    if all(writes):
-        for write in writes:
-            plan.add(write)
-    else:
-
-        def write_kv(slots=inputs.slots, page_size=k_cache.shape[1]) -> None:  # as the twin writes a CPU cache
-            pages, offsets = slots.div(page_size, rounding_mode="floor"), slots.remainder(page_size)
-            k_cache.index_put_((pages, offsets), k)
-            v_cache.index_put_((pages, offsets), v)
-
-        plan.add_python(write_kv)
     o = plan.buffer(rows, heads, dim)
-    window = attn.sliding_window
-    if not plan.add(
-        ops.bind_paged_decode(q, k_cache, v_cache, o, inputs.tables, inputs.lens, attn.scale, window, threads)
-    ):
+    if not _record_attention(plan, attn, q, k, v, k_cache, v_cache, inputs, o):
         return None
     attn_out = _record_linear(plan, attn.o_proj, o.view(rows, q_size))
     if attn_out is None:
@@ -185,6 +171,29 @@ def _record_layer(plan, layer, k_cache, v_cache, inputs: _Inputs, x, residual):
         return None
     down = _record_linear(plan, mlp.down_proj, act)
     return None if down is None else (down, summed2)
+
+
+def _record_attention(plan, attn, q, k, v, k_cache, v_cache, inputs: _Inputs, o) -> bool:
+    """Append the new keys' and values' write into their slots and the attention of q over the cache into o."""
+    threads, window = plan.threads, attn.sliding_window
+    tables, lens = inputs.tables, inputs.lens
+    if k_cache.dtype == torch.uint8:  # quantized pages: rotated and quantized as they are written
+        write = ops.bind_write_kv_quant(k, v, k_cache, v_cache, inputs.slots, threads)
+        decode = ops.bind_paged_decode_quant(q, k_cache, v_cache, o, tables, lens, attn.scale, window, threads)
+        return plan.add(write) and plan.add(decode)
+    writes = [ops.bind_write_slots(new, cache, inputs.slots) for new, cache in ((k, k_cache), (v, v_cache))]
+    if all(writes):
+        for write in writes:
+            plan.add(write)
+    else:
+
+        def write_kv(slots=inputs.slots, page_size=k_cache.shape[1]) -> None:  # as the twin writes a CPU cache
+            pages, offsets = slots.div(page_size, rounding_mode="floor"), slots.remainder(page_size)
+            k_cache.index_put_((pages, offsets), k)
+            v_cache.index_put_((pages, offsets), v)
+
+        plan.add_python(write_kv)
+    return plan.add(ops.bind_paged_decode(q, k_cache, v_cache, o, tables, lens, attn.scale, window, threads))
 
 
 def _record_head(plan, model, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor | None:

@@ -1,6 +1,6 @@
 /* paged_decode.c's vector path for CPUs with AVX2 and FMA but no AVX-512 (most laptops): run_task_avx512's
-   plan in 8 float lanes, float32 throughout. Included by paged_decode.c only, after Work, block_offsets and
-   store_row.
+   plan in 8 float lanes, float32 throughout. Included by paged_decode.c only, after Work, block_offsets,
+   store_row and the quantized caches' helpers (load_rotated, store_rotated, dequantize_rows).
 
    A row's arithmetic depends on its own query, length and window only: blocks start at its first visible key,
    the dot-product chains and the lane sums have a fixed order, and nothing is shared with other rows or
@@ -133,9 +133,14 @@ static inline int64_t at_once(int64_t group) { return group == 1 ? 8 : group == 
    group. `group`, `chunks` (head_dim / 8) and `dtype` are constants where the dispatcher below instantiates
    it, so the loops unroll. Per block: the group's dot products (per query head and key one chain of fused
    multiply-adds over the dims, its 8 lanes then summed by sum_lanes8), the online softmax, then each
-   accumulator slice shrunk and fed the block's values in token order. */
+   accumulator slice shrunk and fed the block's values in token order.
+
+   The float32 instances serve quantized caches too (`quant`, one branch a block, which measured free): the
+   block's keys and then its values are dequantized into `scratch` (64 rows: 16 KiB at head_dim 64, in L1) and
+   read from there as float32 rows; q is rotated in and the output rotated back (see paged_decode.c). */
 static inline __attribute__((always_inline)) void task_avx2(const Work *w, int64_t task, const int64_t group,
                                                             const int64_t chunks, const int dtype) {
+    const int quant = dtype == 0 && w->bits != 0;
     const int64_t seq = task / w->num_kv_heads, kv_head = task % w->num_kv_heads;
     const int64_t length = w->seq_lens[seq];
     const int64_t first = w->window > 0 && length > w->window ? length - w->window : 0;
@@ -145,11 +150,15 @@ static inline __attribute__((always_inline)) void task_avx2(const Work *w, int64
     __m256 q[MAX_GROUP][MAX_DIM / 8], acc[MAX_GROUP][MAX_DIM / 8], partial[MAX_GROUP][TOKENS];
     float running_max[MAX_GROUP], running_sum[MAX_GROUP];
     float weights[MAX_GROUP][TOKENS] __attribute__((aligned(32)));
+    float rotated[MAX_DIM], scratch[TOKENS * MAX_DIM] __attribute__((aligned(32)));
+    int64_t rows[TOKENS];
     const __m256 scale = _mm256_set1_ps(w->scale);
     for (int64_t g = 0; g < group; g++) {
         const int64_t at = (seq * w->num_q_heads + kv_head * group + g) * w->head_dim;
+        if (quant) load_rotated(w, at, rotated);
         for (int64_t c = 0; c < chunks; c++) {
-            q[g][c] = _mm256_mul_ps(load8(w->q, at, c, chunks, dtype), scale);
+            const __m256 row = quant ? _mm256_loadu_ps(rotated + 8 * c) : load8(w->q, at, c, chunks, dtype);
+            q[g][c] = _mm256_mul_ps(row, scale);
             acc[g][c] = _mm256_setzero_ps();
         }
         for (int64_t j = 0; j < TOKENS; j++) partial[g][j] = _mm256_setzero_ps();
@@ -163,6 +172,14 @@ static inline __attribute__((always_inline)) void task_avx2(const Work *w, int64
         block_offsets(w, table, kv_head, start, count, offsets);
         /* a last step past `count` reads the block's last key again; those lanes are masked in the softmax */
         for (int64_t j = count; j < TOKENS; j++) offsets[j] = offsets[count - 1];
+        const void *k_base = w->k, *v_base = w->v;
+        const int64_t *at = offsets;
+        if (quant) {
+            dequantize_rows(w, w->k, offsets, count, scratch);
+            for (int64_t j = 0; j < TOKENS; j++) rows[j] = (j < count ? j : count - 1) * w->head_dim;
+            k_base = v_base = scratch;
+            at = rows;
+        }
         for (int64_t j0 = 0; j0 < count; j0 += keys) {
             __m256 sums[8][MAX_GROUP];
 #pragma GCC unroll 8
@@ -173,7 +190,7 @@ static inline __attribute__((always_inline)) void task_avx2(const Work *w, int64
             for (int64_t c = 0; c < chunks; c++) {
 #pragma GCC unroll 8
                 for (int64_t t = 0; t < keys; t++) {
-                    const __m256 key = load8(w->k, offsets[j0 + t], c, chunks, dtype);
+                    const __m256 key = load8(k_base, at[j0 + t], c, chunks, dtype);
 #pragma GCC unroll 16
                     for (int64_t g = 0; g < group; g++) sums[t][g] = _mm256_fmadd_ps(q[g][c], key, sums[t][g]);
                 }
@@ -192,6 +209,7 @@ static inline __attribute__((always_inline)) void task_avx2(const Work *w, int64
 #pragma GCC unroll 32
             for (int64_t c = 0; c < chunks; c++) acc[g][c] = _mm256_mul_ps(acc[g][c], factor);
         }
+        if (quant) dequantize_rows(w, w->v, offsets, count, scratch);
 #pragma GCC unroll 32
         for (int64_t c0 = 0; c0 < chunks; c0 += slices) {
             const int64_t width = chunks - c0 < slices ? chunks - c0 : slices;
@@ -203,7 +221,7 @@ static inline __attribute__((always_inline)) void task_avx2(const Work *w, int64
             for (int64_t j = 0; j < count; j++) {
 #pragma GCC unroll 8
                 for (int64_t s = 0; s < width; s++) {
-                    const __m256 value = load8(w->v, offsets[j], c0 + s, chunks, dtype);
+                    const __m256 value = load8(v_base, at[j], c0 + s, chunks, dtype);
 #pragma GCC unroll 16
                     for (int64_t g = 0; g < group; g++)
                         sums[s][g] = _mm256_fmadd_ps(_mm256_broadcast_ss(&weights[g][j]), value, sums[s][g]);
@@ -218,7 +236,14 @@ static inline __attribute__((always_inline)) void task_avx2(const Work *w, int64
 
     for (int64_t g = 0; g < group; g++) {
         const float inv = running_sum[g] > 0.0f ? 1.0f / running_sum[g] : 0.0f;
-        store_avx2(w, (seq * w->num_q_heads + kv_head * group + g) * w->head_dim, acc[g], chunks, dtype, inv);
+        const int64_t at = (seq * w->num_q_heads + kv_head * group + g) * w->head_dim;
+        if (quant) {
+            float row[MAX_DIM];
+            for (int64_t c = 0; c < chunks; c++) _mm256_storeu_ps(row + 8 * c, acc[g][c]);
+            store_rotated(w, at, row, inv);
+        } else {
+            store_avx2(w, at, acc[g], chunks, dtype, inv);
+        }
     }
 }
 
@@ -261,7 +286,7 @@ extern TABLE_LINKAGE const Tasks tasks_t1;
 
 static void run_task_avx2(const Work *w, int64_t task) {
     const int64_t group = w->num_q_heads / w->num_kv_heads, chunks = w->head_dim / 8;
-    const Tasks *tasks = w->dtype == 1 ? &tasks_t1 : &tasks_t0;
+    const Tasks *tasks = w->dtype == 1 && !w->bits ? &tasks_t1 : &tasks_t0; /* float32 math for quantized caches */
     if ((chunks == 8 || chunks == 16) && group <= 8)
         tasks->sized[chunks / 16][group - 1](w, task);
     else

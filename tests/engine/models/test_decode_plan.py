@@ -2,7 +2,7 @@
 
 Tried: Q4_K_M, Q4_0 and Q8_0 files from tools/make_bench_model.py (a fused qkv of two types, Q6_K beside Q4_K;
 32-value types), 1, 3 and 7 rows, sequences crossing page boundaries (pages of 16), steps after a new cache,
-the thread count changed between steps; and what a plan must leave to the modules: float weights, a batch
+the thread count changed between steps, caches of 8- and 4-bit pages (kv_format q8, q4); and what a plan must leave to the modules: float weights, a batch
 with prompt tokens, TANDEM_FORCE_REFERENCE. The starter's greedy answers
 with and without plans are compared in tests/engine/generator/test_batch_invariance.py's runs too (every
 decode step there goes through a plan).
@@ -22,6 +22,7 @@ import torch
 from engine import Cache, Model
 from engine.models import decode_plan
 from engine.models.batch import Batch
+from kernels import dispatch
 from kernels.cpu import blocks as cpu_blocks
 
 _SPEC = importlib.util.spec_from_file_location(
@@ -94,6 +95,29 @@ def test_a_planned_step_equals_the_modules(model, rows, monkeypatch):
     assert plan._head is not None  # the final norm and the head ran in the plan too
     for k, k_plain in zip(caches[0].k, caches[1].k):
         assert torch.equal(k, k_plain)  # the cache rows it wrote too
+
+
+@pytest.mark.parametrize("kv_format", ["q8", "q4"])
+def test_a_planned_step_over_quantized_pages_equals_the_modules(model, kv_format, monkeypatch):
+    # the plan binds the quantized write and decode kernels where the modules dispatch to them
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (30, 7, 15)]
+    caches = [Cache(model, max_seq_len=512, page_size=16, kv_format=kv_format) for _ in range(2)]
+    tables = [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    for cache in caches:
+        prefill(model, cache, tables, prompts)
+    past = [len(p) for p in prompts]
+    for step in range(4):  # the first and third sequences cross into their next page
+        tokens = torch.randint(0, 1000, (3,), generator=g).tolist()
+        planned = decode(model, caches[0], tables, past, tokens, True, monkeypatch)
+        assert torch.equal(planned, decode(model, caches[1], tables, past, tokens, False, monkeypatch)), step
+        past = [p + 1 for p in past]
+    plan = decode_plan.plans_for(model, caches[0])[3]
+    assert plan is not None
+    names = {getattr(fn, "__name__", "") for fn, _ in plan._plan._calls}
+    assert {"kv_quant_write", "paged_decode_quant"} <= names
+    for k, k_plain in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
+        assert k.dtype == torch.uint8 and torch.equal(k, k_plain)
 
 
 @pytest.mark.parametrize("architecture", ["Qwen2ForCausalLM", "Qwen3ForCausalLM"])
@@ -182,7 +206,6 @@ def test_models_a_plan_does_not_cover_record_none(tiny_folder):
 
 
 def test_force_reference_turns_plans_off(model, monkeypatch):
-    from kernels import dispatch
 
     monkeypatch.setattr(dispatch, "_force_reference", True)
     cache = Cache(model, max_seq_len=256, page_size=16)

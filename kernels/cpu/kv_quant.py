@@ -1,0 +1,240 @@
+"""Quantized KV pages (8, 6 and 4 bits; format in kernels/torch_ref/kv_quant.py) on CPU tensors through C: new
+keys and values rotated and quantized into their slots by kv_quant.c, attention by paged_decode.c.
+
+Decode steps (one new token per sequence) take paged_decode_quant, which dequantizes each block of keys and
+values into a float32 scratch as it goes, so a step reads the quantized bytes: at 4 bits about a quarter of a
+bfloat16 cache's. Prompts (a sequence with more than one new token), whose rows would each dequantize every
+block there, take the float32 kernel (kernels/cpu/attention.py) over float32 copies of the pages they read,
+dequantized once per call, with the query rotated in and the output rotated back.
+
+Both give a row the same bits: the decode kernel runs the float32 kernel's own block loops on the scratch,
+rotates with the twin's butterflies, and the dequantized values are exact. So a token gets the same answer
+from a cold prompt, from the one token recomputed after a prefix-cache hit, and from a decode step (see
+kernels/cpu/attention.py's docstring for why that matters).
+
+Each candidate returns None for what it does not handle (CUDA, float caches, head sizes that are not a
+multiple of 32 or over 256, GQA groups over 16, q not float32 or bfloat16), which goes on to the next backend.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Sequence
+
+import torch
+
+from kernels.cpu import attention as cpu_attention
+from kernels.cpu import build
+from kernels.torch_ref import kv_quant as twin
+
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+_MAX_DIM, _MAX_GROUP = 256, 16
+_i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+_SIGNATURES = {
+    # k, its row and head strides, v, its strides, dtype, k_cache, v_cache, their page, slot and head strides,
+    # slots, num_pages, page_size, rows, heads, head_dim, bits, threads
+    "kv_quant_write": (_ptr, _i64, _i64, _ptr, _i64, _i64, _int, _ptr, _ptr, _i64, _i64, _i64, _ptr)
+    + (_i64,) * 5
+    + (_int, _i64),
+    # cache, its page, slot and head strides, ids, n, page_size, heads, head_dim, bits, out, threads
+    "kv_quant_dequantize_pages": (_ptr, _i64, _i64, _i64, _ptr) + (_i64,) * 4 + (_int, _ptr, _i64),
+}
+
+
+def _kernel(name: str):
+    return build.function("kv_quant", name, _SIGNATURES[name], ctypes.c_int)
+
+
+def _decode_kernel():
+    # q, k_cache, v_cache, out, cache strides, tables, table stride, seq_lens, rows, q heads, kv heads, head_dim,
+    # page_size, window, scale, dtype, bits, threads
+    args = (_ptr,) * 4 + (_i64,) * 3 + (_ptr, _i64, _ptr) + (_i64,) * 6 + (_f32, _int, _int, _i64)
+    return build.function("paged_decode", "paged_decode_quant", args, ctypes.c_int)
+
+
+def _bits(k_cache: torch.Tensor, v_cache: torch.Tensor, head_dim: int) -> int | None:
+    """The caches' bits where the kernels can address them (CPU uint8 pages of whole rows, unit-stride bytes, K
+    and V alike), else None."""
+    if k_cache.device.type != "cpu" or k_cache.dim() != 4 or head_dim > _MAX_DIM:
+        return None
+    if v_cache.dtype != k_cache.dtype or v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride():
+        return None
+    try:
+        bits = twin.bits_of(k_cache, head_dim)
+    except ValueError:  # a uint8 row of no format: the twin says so
+        return None
+    if bits is None or k_cache.shape[3] != twin.row_bytes(head_dim, bits) or k_cache.stride(3) != 1:
+        return None
+    return bits
+
+
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> bool | None:
+    """Rotate, quantize and store new K/V rows [tokens, heads, head_dim] at flat slots (as the twin's write_kv)."""
+    slots = slot_mapping.to(device="cpu", dtype=torch.int64).contiguous()
+    call = bind_write(k, v, k_cache, v_cache, slots, torch.get_num_threads())
+    return True if call is not None and call[0](*call[1]) == 0 else None
+
+
+def bind_write(k, v, k_cache, v_cache, slots, threads) -> tuple[Callable, tuple] | None:
+    """The write kernel and its arguments, or None: k and v [rows, heads, head_dim] (float32 or bfloat16, each
+    head's row contiguous, any row and head strides) into quantized caches at slots (int64 [rows],
+    contiguous). The call returns -1, writing nothing, for a slot outside the cache. Kept by
+    engine/models/decode_plan.py to replay a decode step."""
+    if k.dim() != 3 or v.shape != k.shape or v.dtype != k.dtype or k.dtype not in _DTYPES:
+        return None
+    rows, heads, head_dim = k.shape
+    bits = _bits(k_cache, v_cache, head_dim)
+    if bits is None or k_cache.shape[2] != heads or k.stride(2) != 1 or v.stride(2) != 1:
+        return None
+    if k.device.type != "cpu" or v.device.type != "cpu":
+        return None
+    if slots.dtype != torch.int64 or slots.shape != (rows,) or not slots.is_contiguous():
+        return None
+    fn = _kernel("kv_quant_write")
+    if fn is None:
+        return None
+    return fn, (
+        k.data_ptr(),
+        k.stride(0),
+        k.stride(1),
+        v.data_ptr(),
+        v.stride(0),
+        v.stride(1),
+        _DTYPES[k.dtype],
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        *k_cache.stride()[:3],
+        slots.data_ptr(),
+        k_cache.shape[0],
+        k_cache.shape[1],
+        rows,
+        heads,
+        head_dim,
+        bits,
+        threads,
+    )
+
+
+def _handles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> int | None:
+    """The caches' bits where the attention kernels take q over them, else None."""
+    if q.dim() != 3 or q.dtype not in _DTYPES or q.device.type != "cpu":
+        return None
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    bits = _bits(k_cache, v_cache, head_dim)
+    num_kv_heads = k_cache.shape[2]
+    if bits is None or num_q_heads % num_kv_heads or num_q_heads // num_kv_heads > _MAX_GROUP:
+        return None
+    return bits
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sliding_window: int | None = None,
+    page_runs: Sequence[int] | None = None,
+) -> torch.Tensor | None:
+    """Causal attention over quantized pages -> [num_tokens, Hq, D] in q's dtype (as the twin's)."""
+    if not query_lens or q.shape[0] != sum(query_lens) or _handles(q, k_cache, v_cache) is None:
+        return None
+    tables = block_tables.to(device="cpu", dtype=torch.int64).contiguous()
+    if q.shape[0] != len(query_lens):
+        return _prompt(q, k_cache, v_cache, tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    lens = seq_lens.to(device="cpu", dtype=torch.int64).contiguous()
+    call = bind_decode(q, k_cache, v_cache, out, tables, lens, scale, sliding_window, torch.get_num_threads())
+    return out if call is not None and call[0](*call[1]) == 0 else None
+
+
+def bind_decode(q, k_cache, v_cache, out, tables, lens, scale: float, sliding_window: int | None, threads):
+    """The decode kernel and its arguments, or None: one query row of q [rows, q heads, head_dim] (float32 or
+    bfloat16, contiguous) per row of `tables` [rows, pages] and `lens` [rows] (int64, unit-stride rows), into
+    out like q. A call returns 0 when done. Kept by engine/models/decode_plan.py to replay a decode step."""
+    bits = _handles(q, k_cache, v_cache)
+    if bits is None or not q.is_contiguous() or not out.is_contiguous() or out.dtype != q.dtype:
+        return None
+    if out.shape != q.shape or tables.dtype != torch.int64 or tables.stride(1) != 1 or not lens.is_contiguous():
+        return None
+    if lens.dtype != torch.int64 or tables.shape[0] != q.shape[0] or lens.shape != (q.shape[0],):
+        return None
+    fn = _decode_kernel()
+    if fn is None:
+        return None
+    pointers = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), *k_cache.stride()[:3])
+    sizes = (q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], sliding_window or 0)
+    args = (*pointers, tables.data_ptr(), tables.stride(0), lens.data_ptr(), *sizes, scale, _DTYPES[q.dtype])
+    return fn, (*args, bits, threads)
+
+
+def _prompt(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor | None:
+    """The float32 kernel over float32 copies of the pages the sequences read, q rotated in, out rotated back."""
+    pages = _float_pages(k_cache, v_cache, tables, query_lens, seq_lens_host, sliding_window, q.shape[2])
+    if pages is None:
+        return None
+    k, v, compact = pages
+    args = (twin.rotate(q), k, v, compact, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
+    out = cpu_attention.paged_attention(*args)
+    return None if out is None else twin.rotate(out).to(q.dtype)
+
+
+def _float_pages(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    sliding_window: int | None,
+    head_dim: int,
+):
+    """(k, v, tables): the pages the sequences' new tokens read, dequantized into a float32 cache of just those
+    pages ([pages, page_size, heads, head_dim], head-major memory as the CPU cache), and the tables renumbered
+    into it (entries for pages no token reads, before a sliding window, are left 0); None where the kernel
+    cannot be had."""
+    fn = _kernel("kv_quant_dequantize_pages")
+    if fn is None:
+        return None
+    bits, page_size, heads = twin.bits_of(k_cache, head_dim), k_cache.shape[1], k_cache.shape[2]
+    window = sliding_window or 0
+    # a sequence's first new token sees the keys from max(0, its length - window) on (as the kernel counts)
+    first = [max(0, end - n + 1 - window) if window else 0 for n, end in zip(query_lens, seq_lens_host)]
+    lo = torch.tensor([key // page_size for key in first], dtype=torch.int64)
+    used = torch.tensor([(n + page_size - 1) // page_size for n in seq_lens_host], dtype=torch.int64)
+    width = max(int(used.max()), 1)
+    read = tables[:, :width].contiguous()
+    columns = torch.arange(width)
+    reads = (columns >= lo[:, None]) & (columns < used[:, None])  # [sequences, width]: the entries read
+    ids = torch.unique(read[reads])  # sorted
+    if ids.numel() and (ids[0] < 0 or ids[-1] >= k_cache.shape[0]):
+        return None  # a page outside the cache: the twin raises the error
+    compact = torch.zeros_like(tables)
+    compact[:, :width] = torch.where(reads, torch.searchsorted(ids, read).clamp(max=max(ids.numel() - 1, 0)), 0)
+    caches = []
+    for cache in (k_cache, v_cache):
+        out = torch.empty(ids.numel(), heads, page_size, head_dim, dtype=torch.float32)  # head-major memory
+        strides = cache.stride()[:3]
+        status = fn(
+            cache.data_ptr(), *strides, ids.data_ptr(), ids.numel(), page_size, heads, head_dim, bits, out.data_ptr(),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        if status != 0:
+            return None
+        caches.append(out.permute(0, 2, 1, 3))
+    return caches[0], caches[1], compact
