@@ -85,3 +85,23 @@ int kv_quant_dequantize_pages(const uint8_t *cache, int64_t page_stride, int64_t
     }
     return 0;
 }
+
+/* dst[i] = the rotation of block i (32 values) of src (float32 if dtype is 0, bfloat16 if 1), as float32, for
+   n blocks one after another: the query rotated in and the output rotated back around a prompt's float32
+   attention (the same butterflies as the twin's rotate and the decode kernel's, so the same bits; in torch
+   the five stages cost a prompt more than a tenth of its attention). Returns -1 for a bad dtype. */
+int kv_quant_rotate(const void *src, int dtype, float *dst, int64_t n, int64_t num_threads) {
+    if (dtype != 0 && dtype != 1) return -1;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && n >= 1024)
+    for (int64_t i = 0; i < n; i++) {
+        float *block = dst + i * KVQ_GROUP;
+        if (dtype == 1) {
+            const uint16_t *from = (const uint16_t *)src + i * KVQ_GROUP;
+            for (int j = 0; j < KVQ_GROUP; j++) block[j] = bf16_to_float(from[j]);
+        } else {
+            memcpy(block, (const float *)src + i * KVQ_GROUP, KVQ_GROUP * sizeof(float));
+        }
+        kvq_rotate(block);
+    }
+    return 0;
+}

@@ -38,6 +38,8 @@ _SIGNATURES = {
     + (_int, _i64),
     # cache, its page, slot and head strides, ids, n, page_size, heads, head_dim, bits, out, threads
     "kv_quant_dequantize_pages": (_ptr, _i64, _i64, _i64, _ptr) + (_i64,) * 4 + (_int, _ptr, _i64),
+    # src, dtype, dst, blocks, threads
+    "kv_quant_rotate": (_ptr, _int, _ptr, _i64, _i64),
 }
 
 
@@ -190,9 +192,24 @@ def _prompt(
     if pages is None:
         return None
     k, v, compact = pages
-    args = (twin.rotate(q), k, v, compact, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
+    rotated = _rotate(q)
+    if rotated is None:
+        return None
+    args = (rotated, k, v, compact, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
     out = cpu_attention.paged_attention(*args)
-    return None if out is None else twin.rotate(out).to(q.dtype)
+    out = None if out is None else _rotate(out)
+    return None if out is None else out.to(q.dtype)
+
+
+def _rotate(x: torch.Tensor) -> torch.Tensor | None:
+    """twin.rotate(x) (float32 or bfloat16 x) by kv_quant.c's butterflies: the same bits, at C speed."""
+    fn = _kernel("kv_quant_rotate")
+    if fn is None or x.dtype not in _DTYPES:
+        return None
+    x = x.contiguous()
+    out = torch.empty(x.shape, dtype=torch.float32)
+    status = fn(x.data_ptr(), _DTYPES[x.dtype], out.data_ptr(), x.numel() // twin.GROUP, torch.get_num_threads())
+    return out if status == 0 else None
 
 
 def _float_pages(

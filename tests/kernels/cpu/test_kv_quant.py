@@ -184,6 +184,14 @@ def test_a_prompts_rows_equal_its_tokens_decoded_one_at_a_time(name, dtype, wind
             row += 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_c_rotation_equals_the_twins_to_the_bit(dtype):
+    # around a prompt's float32 attention: q in, the output back (a row with a huge channel, zeros, negatives)
+    x = torch.randn(37, 3, 64, generator=torch.Generator().manual_seed(3)).to(dtype)
+    x[0, 0, 5], x[1] = 1e4, 0.0
+    assert torch.equal(cpu_kv_quant._rotate(x), kv_quant.rotate(x))
+
+
 def test_bind_decode_and_bind_write_run_what_the_candidates_run():
     bits, tables, lengths = 6, [[2, 0], [1]], [20, 9]
     g = torch.Generator().manual_seed(0)
