@@ -77,7 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-text-tokens", type=int, default=2048, help="kv rows: tokens of text the KL reads")
     parser.add_argument("--kv-window", type=int, default=512, help="kv rows: llama-perplexity's window")
     parser.add_argument(
-        "--kv-disk-tokens", type=int, default=2048, help="kv rows: the prompt read back from the disk tier"
+        "--kv-disk-tokens",
+        type=int,
+        default=2100,
+        help="kv rows: the prompt read back from the disk tier (its tokens past the last full page are computed "
+        "again: 2,048 with pages of 256 is the worst case, 255 of them)",
     )
     parser.add_argument(
         "--draft-layers",

@@ -10,7 +10,9 @@
     speed:    one job over a long prompt (`--kv-context` tokens): prompt tokens/s, then decode tokens/s
               (new tokens - 1 over the time from the first token to the last)
     disk:     time to first token of a long prompt (`--kv-disk-tokens`) cold, and again from a new cache and
-              generator over the same prompt-cache folder (as after a restart: only the files carry over)
+              generator over the same prompt-cache folder (as after a restart: only the files carry over); the
+              disk holds full pages, so the tokens past the prompt's last full page, and its last token (which
+              gives the logits), are computed again
 
 llama.cpp's KL comes from its llama-perplexity tool (`--kl-divergence`, against its own float16 cache); it
 scores the second half of each window of `--kv-window` tokens, so its positions see fewer tokens behind them
