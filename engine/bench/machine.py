@@ -95,9 +95,7 @@ def software() -> dict[str, str | None]:
 
 def _git(*argv: str) -> str | None:
     try:
-        done = subprocess.run(
-            ["git", "-C", str(REPO), *argv], capture_output=True, text=True, timeout=10, check=False
-        )
+        done = subprocess.run(["git", "-C", str(REPO), *argv], capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None

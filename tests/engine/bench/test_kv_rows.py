@@ -39,6 +39,7 @@ def test_kv_rows_print_and_hold_their_budgets(tiny_wide_folder, tmp_path, capsys
     assert set(measured["kl"]) == {"q8", "q6", "q4"} and measured["llama_cpp_kl"] == {}  # not a .gguf file
     assert measured["bytes_ratio"]["q4"] < measured["bytes_ratio"]["q6"] < measured["bytes_ratio"]["q8"] < 1
     assert all(s["decode_tps"] > 0 and s["prompt_tps"] > 0 for s in measured["speed"].values())
+    assert all(s["cached_tokens"] > 0 for s in measured["speed"].values())  # later decode runs reuse the prompt
     disk = measured["disk"]
     assert disk["same_token"] and disk["disk_cached_tokens"] >= 80  # all full pages of 16 come from disk
 
