@@ -15,40 +15,57 @@ CONTEXT_SETTING = "model_context_tokens"
 KV_FORMAT_SETTING = "model_kv_format"  # the KV cache format models are loaded with, where a model can take it
 
 
+def context_setting(store) -> int:
+    """The context models are loaded with (each capped at its own): the last one chosen on the model card; 0
+    when none is (each model then loads with the largest context that fits)."""
+    value = store.get_setting(CONTEXT_SETTING)
+    return value if isinstance(value, int) and value > 0 else 0
+
+
+def kv_format_setting(store) -> str:
+    """The KV cache format last chosen on the model card ("bf16": full precision, when none is)."""
+    value = store.get_setting(KV_FORMAT_SETTING)
+    return usable_format(None, value) if isinstance(value, str) else "bf16"
+
+
+def chosen_context(store, service, path: str) -> int:
+    """The context setting for `path` (0: the largest that fits), except that the model loaded now keeps the
+    context it was loaded with: free memory, measured with it loaded, would undersell it."""
+    chosen = context_setting(store)
+    if not chosen and same_path(path, service.model_path):
+        return service.context_request or service.context_length
+    return chosen
+
+
+def load_choice(store, service, path: str) -> tuple[int, str]:
+    """(context, cache format) `path` loads with, wherever the load starts (the model manager, File → Open):
+    the card's settings, the context at most the model's own (the largest that fits when none is chosen), the
+    format full precision where the model cannot take it."""
+    chosen, kv_format = chosen_context(store, service, path), kv_format_setting(store)
+    try:
+        info = model_info(path)
+    except Exception:  # the load will say what is wrong with the file
+        return chosen or DEFAULT_CONTEXT_TOKENS, kv_format
+    kv_format = usable_format(info, kv_format)
+    if not chosen:
+        return largest_fitting_context(service, info, kv_format), kv_format
+    return (min(chosen, info.context_length) if info.context_length else chosen), kv_format
+
+
 class LoadProgress:
     """Mixed into ModelManager: its service, store, card, labels, progress bar and fit button."""
 
     def context_setting(self) -> int:
-        """The context models are loaded with (each capped at its own): the last one chosen on the card; 0
-        when none is (each model then loads with the largest context that fits)."""
-        value = self.store.get_setting(CONTEXT_SETTING)
-        return value if isinstance(value, int) and value > 0 else 0
+        return context_setting(self.store)
 
     def kv_format_setting(self) -> str:
-        """The KV cache format last chosen on the card ("bf16": full precision, when none is)."""
-        value = self.store.get_setting(KV_FORMAT_SETTING)
-        return usable_format(None, value) if isinstance(value, str) else "bf16"
+        return kv_format_setting(self.store)
 
     def _chosen_context(self, path: str) -> int:
-        """The context setting for `path` (0: the largest that fits), except that the model loaded now keeps
-        the context it was loaded with: free memory, measured with it loaded, would undersell it."""
-        chosen = self.context_setting()
-        if not chosen and same_path(path, self.service.model_path):
-            return self.service.context_request or self.service.context_length
-        return chosen
+        return chosen_context(self.store, self.service, path)
 
     def _load_choice(self, path: str) -> tuple[int, str]:
-        """(context, cache format) `path` loads with: the card's settings, the context at most the model's own
-        (the largest that fits when none is chosen), the format full precision where the model cannot take it."""
-        chosen, kv_format = self._chosen_context(path), self.kv_format_setting()
-        try:
-            info = model_info(path)
-        except Exception:  # the load will say what is wrong with the file
-            return chosen or DEFAULT_CONTEXT_TOKENS, kv_format
-        kv_format = usable_format(info, kv_format)
-        if not chosen:
-            return largest_fitting_context(self.service, info, kv_format), kv_format
-        return (min(chosen, info.context_length) if info.context_length else chosen), kv_format
+        return load_choice(self.store, self.service, path)
 
     def _on_memory_refused(self, path: str, fitting_context: int) -> None:
         self._fit_offer = (path, fitting_context) if fitting_context > 0 else None

@@ -11,6 +11,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QFileDialog
 
 from app.ui.model_card import kv_format_name
+from app.ui.model_loading import load_choice
 from app.ui.server_panel import ServerPanel
 from app.ui.shortcuts_dialog import ShortcutsDialog
 
@@ -26,7 +27,8 @@ class ModelSide:
         def chosen(path: str) -> None:
             # a Hugging Face model is a folder: picking its config.json means the folder
             target = Path(path).parent if Path(path).name == "config.json" else Path(path)
-            self.service.load_model(target)
+            context, kv_format = load_choice(self.store, self.service, str(target))  # the model manager's choice
+            self.service.load_model(target, None, context, kv_format)
 
         dialog.fileSelected.connect(chosen)
         dialog.open()

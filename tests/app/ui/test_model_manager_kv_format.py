@@ -190,3 +190,31 @@ def test_formats_a_models_heads_cannot_take_are_disabled(run, manager, app_store
     assert press(run, manager.load_button, service)
     assert service.kv_format == "bf16"
     assert local_status(service) == f"Model: tiny · context {service.context_length} tokens · full-precision cache"
+
+
+def test_file_open_loads_with_the_cards_context_and_format(run, qtbot, app_store, service, tiny_wide_folder):
+    """Model → Open… takes the same choice as the model manager's Load (saved settings), not full precision."""
+    from PySide6.QtWidgets import QFileDialog, QWidget
+
+    from app.ui.window_model import ModelSide
+
+    class Window(ModelSide, QWidget):  # the main window's side of model loading, on a plain widget
+        def __init__(self):
+            super().__init__()
+            self.store, self.service = app_store, service
+
+    window = Window()
+    qtbot.addWidget(window)
+    app_store.set_setting(KV_FORMAT_SETTING, "q6")
+    app_store.set_setting(CONTEXT_SETTING, 512)
+    window.ask_open_model()
+    (dialog,) = window.findChildren(QFileDialog)
+
+    async def pick() -> bool:
+        dialog.fileSelected.emit(str(tiny_wide_folder / "config.json"))  # a folder is picked by its config.json
+        return await service.wait_loaded()
+
+    assert run(pick())
+    dialog.reject()
+    assert service.kv_format == "q6" and service.context_length == 512
+    assert service.serving().cache.kv_format == "q6"
