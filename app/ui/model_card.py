@@ -238,7 +238,7 @@ class ModelCard(QGroupBox):
             if self.format_combo.model().item(index).isEnabled():
                 text += f" · {_cache_text(self._need(tokens, kv_format))}"
             if kv_format == RECOMMENDED_FORMAT:  # after the figure: a narrow closed box still shows it
-                text += " (recommended for long chats)"
+                text += " (recommended)"  # why: the item's tooltip
             self.format_combo.setItemText(index, text)
         try:
             need = self.service.check_fit(self.info, tokens, chosen)

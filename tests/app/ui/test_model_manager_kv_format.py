@@ -102,7 +102,7 @@ def test_the_memory_shown_follows_the_format(manager, app_store, bench_gguf):
     full = format_bytes(32768 * PER_TOKEN["bf16"])
     assert card.cache_label.text() == f"32,768 tokens · Full precision · {full}"
     items = format_items(card)
-    for kv_format, note in (("q8", " (recommended for long chats)"), ("q6", ""), ("q4", "")):
+    for kv_format, note in (("q8", " (recommended)"), ("q6", ""), ("q4", "")):
         text, enabled, tip = items[kv_format]
         assert enabled and text == f"{kv_format.upper()} · {format_bytes(32768 * PER_TOKEN[kv_format])}{note}", text
         assert "memory of full precision" in tip
