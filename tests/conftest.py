@@ -157,7 +157,7 @@ def tiny_model(tiny_folder):
     return Model.load(tiny_folder, dtype=torch.float32)
 
 
-def build_tiny_llava(folder, seed: int = 0, image_size: int = 32, patch_size: int = 8):
+def build_tiny_llava(folder, seed: int = 0, image_size: int = 32, patch_size: int = 8, hidden_size: int = 64):
     """A random-weight LLaVA (SigLIP tower, Llama text model) with the tiny BPE tokenizer plus "<image>"."""
     build_tiny(folder, seed=seed, extra_special=("<image>",))
     for name in ("config.json", "model.safetensors", "generation_config.json"):
@@ -165,7 +165,7 @@ def build_tiny_llava(folder, seed: int = 0, image_size: int = 32, patch_size: in
     tok = HFTokenizer.from_file(str(folder / "tokenizer.json"))
     text = transformers.LlamaConfig(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=64,
+        hidden_size=hidden_size,
         intermediate_size=96,
         num_hidden_layers=2,
         num_attention_heads=4,

@@ -1,6 +1,6 @@
 """The quantized KV caches (kv_format q8, q6, q4) through the whole engine on the tiny Llama with heads of 32:
 their bytes, their quality against the bfloat16 cache, and the generator's features on them (prefix reuse,
-n-gram and draft-model speculation, CFG, jobs batched together).
+n-gram and draft-model speculation, CFG, jobs batched together, images in a tiny LLaVA).
 
 Bad inputs tried: a format name that does not exist ("q5", "Q8", ""), a quantized format on a model whose
 heads (16) are not a multiple of 32.
@@ -8,14 +8,19 @@ heads (16) are not a multiple of 32.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
+from PIL import Image, ImageDraw
 
 from engine.bench import kv_formats
 from engine.cache import Cache
 from engine.generator.dynamic import DynamicGenerator
 from engine.generator.job import DynamicJob
 from engine.generator.sampler import SamplerSettings
+from engine.models import Model
 from kernels.torch_ref import kv_quant
 
 QUANTIZED = ("q8", "q6", "q4")
@@ -131,3 +136,35 @@ def test_guidance_at_scale_one_is_the_positive_prompt_alone(tiny_wide_model):
         [greedy([positive, negative], "cfg", gen_settings=settings)],
     )["cfg"]
     assert pair["full_completion"] == alone["full_completion"]
+
+
+def _conftest():
+    # conftest is not importable as a package under --import-mode=importlib
+    spec = importlib.util.spec_from_file_location("kv_formats_conftest", Path(__file__).parents[2] / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def wide_llava(tmp_path_factory):
+    """The tiny LLaVA with a text model of heads of 32 (hidden 128)."""
+    folder = tmp_path_factory.mktemp("tiny-llava-wide")
+    _conftest().build_tiny_llava(folder, hidden_size=128)
+    return Model.load(folder, dtype=torch.float32)
+
+
+def test_an_image_prompt_is_answered_and_its_pages_reused(wide_llava):
+    def ask(gen, colour: str, identifier: str) -> dict:
+        image = Image.new("RGB", (40, 32), "white")
+        ImageDraw.Draw(image).ellipse((4, 4, 24, 24), fill=colour)
+        emb = wide_llava.vision.get_image_embeddings(model=wide_llava, tokenizer=wide_llava.tokenizer, image=image)
+        ids = wide_llava.tokenizer.encode(f"look at {emb.text_alias} and now tell me", embeddings=[emb])
+        return run(gen, [greedy(ids, identifier, embeddings=[emb])])[identifier]
+
+    gen = generator(wide_llava, "q4")
+    red = ask(gen, "red", "red")
+    again = ask(gen, "red", "again")
+    assert again["cached_tokens"] >= PAGE_SIZE and again["full_completion"] == red["full_completion"]
+    blue = ask(gen, "blue", "blue")
+    assert blue["cached_tokens"] < again["cached_tokens"]  # another picture: its rows are not the red one's
