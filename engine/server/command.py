@@ -160,7 +160,7 @@ def run(args: argparse.Namespace, model_path) -> int:
         )
     print(
         f"Serving {served.model_id} at {url_of(sock)} (context {served.context} tokens, cache "
-        f"{served.cache.max_seq_len} tokens)",
+        f"{served.cache.max_seq_len} tokens{'' if served.cache.kv_format == 'bf16' else ' in ' + served.cache.kv_format})",
         flush=True,
     )
     server = make_server(create_app(served, options), log_level="info" if log.isEnabledFor(logging.INFO) else "warning")

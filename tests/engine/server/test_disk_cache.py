@@ -42,6 +42,7 @@ def serve_and_ask(gguf, cache_dir, kv_format: str = "bf16") -> tuple[str, int]:
     try:
         line = serve.stdout.readline()
         assert line.startswith("Serving m at http://127.0.0.1:"), line + serve.stderr.read()
+        assert line.rstrip().endswith("tokens)" if kv_format == "bf16" else f"tokens in {kv_format})"), line
         url = line.split(" at ")[1].split()[0]
         c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
         answer = c.chat.completions.create(
