@@ -168,3 +168,45 @@ def test_an_image_prompt_is_answered_and_its_pages_reused(wide_llava):
     assert again["cached_tokens"] >= PAGE_SIZE and again["full_completion"] == red["full_completion"]
     blue = ask(gen, "blue", "blue")
     assert blue["cached_tokens"] < again["cached_tokens"]  # another picture: its rows are not the red one's
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    """A tiny Gemma 3 (sliding and full layers, window 5) with heads of 32."""
+    import transformers
+
+    config = transformers.Gemma3TextConfig(
+        vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32, sliding_window=5,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        max_position_embeddings=512, initializer_range=0.05,
+    )  # fmt: skip
+    torch.manual_seed(7)
+    folder = tmp_path_factory.mktemp("gemma3-wide")
+    transformers.Gemma3ForCausalLM(config).eval().save_pretrained(folder)
+    return Model.load(folder, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("kv_format", QUANTIZED)
+def test_gemma3s_sliding_and_full_layers_read_quantized_pages(gemma3, kv_format):
+    """Logits close to the float cache's (mean KL q8 1e-5, q6 2e-4, q4 4e-3), and the same whether the prompt
+    came in one pass or in chunks that end inside pages and windows, one of them a single token."""
+    from engine.models import Batch
+
+    prompt = torch.randint(3, 211, (23,), generator=torch.Generator().manual_seed(3))
+
+    def logits(kv_format: str, sizes: tuple[int, ...]) -> torch.Tensor:
+        cache = Cache(gemma3, 64, page_size=4, kv_format=kv_format)
+        table, past, out = [[5, 0, 7, 2, 9, 1]], 0, []
+        for size in sizes:
+            batch = Batch.build(cache, table, [past], [size], logits="all")
+            out.append(gemma3(prompt[past : past + size], batch.positions(), batch))
+            past += size
+        return torch.cat(out)
+
+    plain = torch.log_softmax(logits("bf16", (23,)), dim=-1)
+    whole = logits(kv_format, (23,))
+    kl = (plain.exp() * (plain - torch.log_softmax(whole, dim=-1))).sum(-1).mean()
+    assert kl <= kv_formats.BUDGETS[kv_format][1], kl
+    # torch's float32 matmuls round by row count, as they do over a float cache (about 1e-6 here): no more
+    torch.testing.assert_close(logits(kv_format, (7, 1, 8, 4, 3)), whole, atol=1e-5, rtol=1e-5)
