@@ -55,18 +55,6 @@ def load_choice(store, service, path: str) -> tuple[int, str]:
 class LoadProgress:
     """Mixed into ModelManager: its service, store, card, labels, progress bar and fit button."""
 
-    def context_setting(self) -> int:
-        return context_setting(self.store)
-
-    def kv_format_setting(self) -> str:
-        return kv_format_setting(self.store)
-
-    def _chosen_context(self, path: str) -> int:
-        return chosen_context(self.store, self.service, path)
-
-    def _load_choice(self, path: str) -> tuple[int, str]:
-        return load_choice(self.store, self.service, path)
-
     def _on_memory_refused(self, path: str, fitting_context: int) -> None:
         self._fit_offer = (path, fitting_context) if fitting_context > 0 else None
 

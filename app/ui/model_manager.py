@@ -49,7 +49,14 @@ from app.service.speculation import Speculation, load_speculation
 from app.ui.download_box import PROGRESS_STEPS, DownloadBox
 from app.ui.model_card import ModelCard
 from app.ui.model_list import DEMO_KIND, KIND_ROLE, PATH_ROLE, STARTER_KIND, ModelList, same_path
-from app.ui.model_loading import CONTEXT_SETTING, KV_FORMAT_SETTING, LoadProgress
+from app.ui.model_loading import (
+    CONTEXT_SETTING,
+    KV_FORMAT_SETTING,
+    LoadProgress,
+    chosen_context,
+    kv_format_setting,
+    load_choice,
+)
 from app.ui.remote_dialog import ask_remote
 from app.ui.speculation_box import SpeculationBox
 from app.ui.theme import mark
@@ -245,7 +252,7 @@ class ModelManager(LoadProgress, QDialog):
             self.card.show_model(None, note=str(e))
             return
         note = "" if Path(path).exists() else "Downloaded when you load it."
-        self.card.show_model(info, self._chosen_context(path), note, self.kv_format_setting())
+        self.card.show_model(info, chosen_context(self.store, self.service, path), note, kv_format_setting(self.store))
 
     def _update_buttons(self) -> None:
         item = self.model_list.currentItem()
@@ -326,7 +333,7 @@ class ModelManager(LoadProgress, QDialog):
         a chat and a KV cache in `kv_format` (defaults: the card's, fitted to the model); progress shows
         below. The model already loaded so, or already being loaded, is not loaded again."""
         path = str(path)
-        context, chosen_format = self._load_choice(path)
+        context, chosen_format = load_choice(self.store, self.service, path)
         context, kv_format = context_length or context, kv_format or chosen_format
         self.clear_error()
         if self._pending is not None and same_path(self._pending[0], path):

@@ -102,23 +102,29 @@ def bytes_ratio(model, kv_format: str, page_size: int = 256) -> float:
     return per_token(kv_format) / per_token("bf16")
 
 
+def _greedy(gen, ids: list[int], new_tokens: int) -> dict[str, Any]:
+    """Run one greedy job of exactly `new_tokens` over the prompt `ids` to its end; its eos result."""
+    from engine.generator.job import DynamicJob
+    from engine.generator.sampler import SamplerSettings
+
+    gen.enqueue(DynamicJob(ids, new_tokens, min_new_tokens=new_tokens, gen_settings=SamplerSettings.greedy()))
+    ends = []
+    while gen.num_remaining_jobs():
+        ends += [r for r in gen.iterate() if r["eos"]]
+    return ends[-1]
+
+
 def speed(model, ids: list[int], kv_format: str, new_tokens: int, page_size: int = 256) -> dict[str, float]:
     """Prompt and decode tokens/s of greedy jobs over the prompt `ids` with a `kv_format` cache: the prompt rate
     from the first (cold) job, the decode rate the best of it and DECODE_RUNS - 1 more jobs over the same
     prompt, which the prefix cache serves (a single decode run of a few dozen tokens varies by 10-20% here)."""
     from engine.cache import Cache
     from engine.generator.dynamic import DynamicGenerator
-    from engine.generator.job import DynamicJob
-    from engine.generator.sampler import SamplerSettings
 
     pages = -(-(len(ids) + new_tokens) // page_size) + 1  # and a page for the copy of a cached partial page
     cache = Cache(model, pages * page_size, page_size=page_size, kv_format=kv_format)
     gen = DynamicGenerator(model, cache, model.tokenizer)
-    runs = []
-    for _ in range(DECODE_RUNS):
-        gen.enqueue(DynamicJob(ids, new_tokens, min_new_tokens=new_tokens, gen_settings=SamplerSettings.greedy()))
-        while gen.num_remaining_jobs():
-            runs += [r for r in gen.iterate() if r["eos"]]
+    runs = [_greedy(gen, ids, new_tokens) for _ in range(DECODE_RUNS)]
     return {
         "prompt_tps": len(ids) / (runs[0]["time_enqueued"] + runs[0]["time_prefill"]),
         "decode_tps": max((r["new_tokens"] - 1) / r["time_generate"] for r in runs),
@@ -131,20 +137,14 @@ def _first_token_s(model, ids: list[int], folder: Path, page_size: int) -> tuple
     generator whose disk tier is `folder`; the disk writes are flushed before returning."""
     from engine.cache import Cache
     from engine.generator.dynamic import DynamicGenerator
-    from engine.generator.job import DynamicJob
-    from engine.generator.sampler import SamplerSettings
 
     pages = -(-(len(ids) + 1) // page_size)
     cache = Cache(model, pages * page_size, page_size=page_size, disk_dir=folder)
     gen = DynamicGenerator(model, cache, model.tokenizer)
-    t0, last = time.perf_counter(), None
-    gen.enqueue(DynamicJob(ids, 1, gen_settings=SamplerSettings.greedy()))
-    while gen.num_remaining_jobs():
-        for r in gen.iterate():
-            if r["eos"]:
-                last = r
+    t0 = time.perf_counter()
+    last = _greedy(gen, ids, 1)
     wall = time.perf_counter() - t0
-    assert last is not None and cache.disk is not None
+    assert cache.disk is not None
     cache.disk.flush()
     cache.disk.close()
     return wall, last["cached_tokens"], last["full_completion"]
