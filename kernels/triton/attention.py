@@ -265,24 +265,56 @@ def paged_attention(
     `page_runs` is accepted for the signature's sake and not needed: the kernels read pages in place.
     Expects k_cache / v_cache with contiguous heads (the cache's own layout) and q with a unit last stride.
     """
+    out = launch.empty(q.shape, k_cache.dtype, q.device)
+    if q.shape[0] == 0:
+        return out
+    args = (q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
+    return launch_paged(_decode_kernel, _prefill_kernel, *args, out, _blocks(q.shape[2]), k_cache.dtype)
+
+
+def launch_paged(
+    decode_kernel,
+    prefill_kernel,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sliding_window: int | None,
+    out: torch.Tensor,
+    blocks: tuple[int, int, int],
+    tile_dtype: torch.dtype,
+    constants: dict | None = None,
+    prefill_inputs: tuple = (),
+    prefill_constants: dict | None = None,
+    may_decode: bool = True,
+) -> torch.Tensor:
+    """Launch a pair of paged attention kernels (this module's, or kv_quant.py's over quantized pages) into `out`:
+    the decode kernel, split along the keys where a few sequences would leave the GPU idle, when every sequence
+    has one new token (and `may_decode`); else the prefill kernel over tiles of query rows.
+
+    `blocks` is (BLOCK_D, BLOCK_N, num_warps); `tile_dtype` the dtype of the tiles the dots take; `constants` go
+    to both kernels, `prefill_inputs` (placed before `out`) and `prefill_constants` to the prefill kernel only.
+    """
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    out = launch.empty((num_tokens, num_q_heads, head_dim), k_cache.dtype, q.device)
-    if num_tokens == 0:
-        return out
-    fp32_dot = launch.dot_in_fp32(k_cache.dtype)
-    precision = "ieee" if fp32_dot else "tf32"  # fp32 tiles stay exact; for 16-bit tiles it changes nothing
-    block_d, block_n, num_warps = _blocks(head_dim)
+    group = num_q_heads // num_kv_heads
+    fp32_dot = launch.dot_in_fp32(tile_dtype)
+    block_d, block_n, num_warps = blocks
     window = sliding_window if sliding_window is not None else 0
     common = dict(
-        GROUP=num_q_heads // num_kv_heads,
+        GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         BLOCK_N=block_n,
         HAS_WINDOW=sliding_window is not None,
         FP32_DOT=fp32_dot,
-        DOT_PRECISION=precision,
+        DOT_PRECISION="ieee" if fp32_dot else "tf32",  # fp32 tiles stay exact; for 16-bit tiles it changes nothing
         num_warps=num_warps,
+        **(constants or {}),
     )
     strides = (
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -290,9 +322,8 @@ def paged_attention(
     )  # fmt: skip
     qk_scale = scale * LOG2E
     page_size = k_cache.shape[1]
-    group = num_q_heads // num_kv_heads
 
-    if all(n == 1 for n in query_lens):
+    if may_decode and all(n == 1 for n in query_lens):
         num_seqs = len(query_lens)
         num_splits, split_len = _num_splits(num_seqs * num_kv_heads, max(seq_lens_host), q.device, block_n)
         if num_splits > 1:
@@ -301,7 +332,7 @@ def paged_attention(
             part_sum = launch.empty((num_seqs, num_q_heads, num_splits), torch.float32, q.device)
         else:
             part_acc = part_max = part_sum = out  # unused: the kernel writes `out` directly
-        _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        decode_kernel[(num_seqs, num_kv_heads, num_splits)](
             q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_max, part_sum,
             qk_scale, page_size, split_len, num_splits, window, *strides,
             BLOCK_G=max(16, triton.next_power_of_2(group)), SPLIT=num_splits > 1, **common,
@@ -315,9 +346,9 @@ def paged_attention(
 
     block_m = 64 if max(query_lens) > 32 else (32 if max(query_lens) > 16 else 16)
     tiles = _tiles(query_lens, seq_lens_host, block_m).to(q.device, non_blocking=True)
-    _prefill_kernel[(tiles.shape[0], num_q_heads)](
-        q, k_cache, v_cache, block_tables, tiles, out, qk_scale, page_size, window, *strides,
-        BLOCK_M=block_m, **common,
+    prefill_kernel[(tiles.shape[0], num_q_heads)](
+        q, k_cache, v_cache, block_tables, tiles, *prefill_inputs, out, qk_scale, page_size, window, *strides,
+        BLOCK_M=block_m, **common, **(prefill_constants or {}),
     )  # fmt: skip
     return out
 

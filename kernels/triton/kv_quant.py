@@ -30,7 +30,7 @@ import triton.language as tl
 
 from kernels.torch_ref.kv_quant import GROUP, bits_of
 from kernels.triton import launch
-from kernels.triton.attention import LOG2E, NEG_BIG, _combine_splits, _num_splits, _tiles
+from kernels.triton.attention import NEG_BIG, launch_paged
 
 NORM = tl.constexpr(0.17677669529663687)  # 1 / sqrt(32), as the twin's
 # Adding and subtracting 1.5 * 2^23 rounds a float32 of magnitude below 2^22 to the nearest integer, ties to
@@ -344,59 +344,19 @@ def paged_attention(
     its own, as `kernels.torch_ref.attention.paged_attention_key_ends`. The caches need a unit last stride and
     the same strides; q a unit last stride.
     """
-    num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    out = launch.empty((num_tokens, num_q_heads, head_dim), q.dtype, q.device)
-    if num_tokens == 0:
+    out = launch.empty(q.shape, q.dtype, q.device)
+    if q.shape[0] == 0:
         return out
-    fp32_dot = launch.dot_in_fp32(q.dtype)
-    block_d, block_n, num_warps = _blocks(head_dim)
-    window = sliding_window if sliding_window is not None else 0
-    group = num_q_heads // num_kv_heads
-    common = dict(
-        GROUP=group,
-        HEAD_DIM=head_dim,
-        BLOCK_D=block_d,
-        BLOCK_N=block_n,
-        BITS=bits_of(k_cache, head_dim),
-        HAS_WINDOW=sliding_window is not None,
-        FP32_DOT=fp32_dot,
-        DOT_PRECISION="ieee" if fp32_dot else "tf32",
-        num_warps=num_warps,
+    args = (q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
+    return launch_paged(
+        _decode_kernel,
+        _prefill_kernel,
+        *args,
+        out,
+        _blocks(q.shape[2]),
+        q.dtype,
+        constants={"BITS": bits_of(k_cache, q.shape[2])},
+        prefill_inputs=(key_ends,) if key_ends is not None else (block_tables,),  # a pointer the kernel ignores
+        prefill_constants={"HAS_KEY_ENDS": key_ends is not None},
+        may_decode=key_ends is None,
     )
-    strides = (
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-    )  # fmt: skip
-    qk_scale = scale * LOG2E
-    page_size = k_cache.shape[1]
-
-    if key_ends is None and all(n == 1 for n in query_lens):
-        num_seqs = len(query_lens)
-        num_splits, split_len = _num_splits(num_seqs * num_kv_heads, max(seq_lens_host), q.device, block_n)
-        if num_splits > 1:
-            part_acc = launch.empty((num_seqs, num_q_heads, num_splits, head_dim), torch.float32, q.device)
-            part_max = launch.empty((num_seqs, num_q_heads, num_splits), torch.float32, q.device)
-            part_sum = launch.empty((num_seqs, num_q_heads, num_splits), torch.float32, q.device)
-        else:
-            part_acc = part_max = part_sum = out  # unused: the kernel writes `out` directly
-        _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-            q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_max, part_sum,
-            qk_scale, page_size, split_len, num_splits, window, *strides,
-            BLOCK_G=max(16, triton.next_power_of_2(group)), SPLIT=num_splits > 1, **common,
-        )  # fmt: skip
-        if num_splits > 1:
-            _combine_splits[(num_seqs, num_q_heads)](
-                part_acc, part_max, part_sum, out, num_splits, out.stride(0), out.stride(1),
-                HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
-            )  # fmt: skip
-        return out
-
-    block_m = 64 if max(query_lens) > 32 else (32 if max(query_lens) > 16 else 16)
-    tiles = _tiles(query_lens, seq_lens_host, block_m).to(q.device, non_blocking=True)
-    _prefill_kernel[(tiles.shape[0], num_q_heads)](
-        q, k_cache, v_cache, block_tables, tiles, key_ends if key_ends is not None else tiles, out,
-        qk_scale, page_size, window, *strides,
-        BLOCK_M=block_m, HAS_KEY_ENDS=key_ends is not None, **common,
-    )  # fmt: skip
-    return out
