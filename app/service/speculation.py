@@ -111,6 +111,8 @@ def generator_arguments(speculation: Speculation, model: Model, cache: Cache) ->
         except ValueError as e:  # an architecture that keeps its layers elsewhere: still usable, plainly
             log.warning("no self-speculation draft for %s: %s", type(model).__name__, e)
             return {}
-        draft_cache = Cache(draft, max_seq_len=cache.max_seq_len, page_size=cache.page_size, dtype=cache.dtype)
+        draft_cache = Cache(
+            draft, cache.max_seq_len, page_size=cache.page_size, dtype=cache.dtype, sliding_tokens=cache.max_seq_len
+        )
         return {"draft_model": draft, "draft_cache": draft_cache, "num_draft_tokens": NUM_DRAFT_TOKENS}
     return {}

@@ -190,17 +190,19 @@ def _run_kv(args: argparse.Namespace, path: Path) -> int:
     """The KV cache formats' rows, in this process (they compare caches of one model, not processes)."""
     import torch
 
-    from engine.bench import kv_formats
+    from engine.bench import kv_formats, kv_windows
     from engine.models import Model
 
     if args.threads:
         torch.set_num_threads(args.threads)
     model = Model.load(path, device=args.device, dtype=measure.torch_dtype(args.dtype))
     measured = kv_formats.measure(model, path, args)
-    rows = kv_formats.rows(measured, table.fmt)
+    measured["windows"] = kv_windows.measure(args.page_size)
+    rows = kv_formats.rows(measured, table.fmt) + kv_windows.rows(measured["windows"])
     print(f"KV cache formats on {path.name}, {args.dtype}, {args.device}, {torch.get_num_threads()} torch threads")
     print(table.format_table(rows))
     print(f"- {kv_formats.NOTE}")
+    print(f"- {kv_windows.NOTE}")
     if args.json:
         report = {
             "run": bench_machine.describe_run(args, add_arguments),

@@ -12,6 +12,9 @@ from engine.config.model import ModelConfig
 from kernels.torch_ref import kv_quant
 
 KV_FORMATS = ("bf16", *kv_quant.FORMATS)  # what `kv_format` takes ("bf16": the model's dtype, unquantized)
+# The default sliding-window pool: this many jobs' windows, each with a prompt chunk of the generator's default
+# size and two pages of slack (after its prompt a job needs only its window, so about twice as many decode).
+WINDOW_JOBS, WINDOW_CHUNK = 4, 2048
 
 
 class Cache:
@@ -28,6 +31,11 @@ class Cache:
 
     `disk_dir`: also keep finished pages in that folder (at most `disk_max_bytes`), so a later process with the
     same model reads a long prefix back instead of computing it (see disk.py).
+
+    `sliding_tokens`: the tokens that layers attending to a sliding window (Gemma 3's local layers, Mistral's)
+    keep across all jobs, in slots of one page that a job gives back once its window has moved past them
+    (engine/cache/window.py). None sizes it for WINDOW_JOBS jobs' windows; `max_seq_len` or more keeps those
+    layers in pages like the others. Models without such layers ignore it.
     """
 
     def __init__(
@@ -39,6 +47,7 @@ class Cache:
         kv_format: str = "bf16",
         disk_dir: str | Path | None = None,
         disk_max_bytes: int = DEFAULT_MAX_BYTES,
+        sliding_tokens: int | None = None,
     ):
         if page_size <= 0 or max_seq_len <= 0:
             raise ValueError(f"page_size ({page_size}) and max_seq_len ({max_seq_len}) must be positive")
@@ -62,11 +71,29 @@ class Cache:
         self.num_pages = max_seq_len // page_size
         self.dtype = dtype or model.dtype
         self.device = model.device
-        self.k = [self._layer_tensor(config) for _ in range(config.num_hidden_layers)]
-        self.v = [self._layer_tensor(config) for _ in range(config.num_hidden_layers)]
+        self._place_windows(layer_windows(model, config.num_hidden_layers), sliding_tokens)
+        sizes = [self.num_slots if i in self.window_layers else self.num_pages for i in range(config.num_hidden_layers)]
+        self.k = [self._layer_tensor(config, n) for n in sizes]
+        self.v = [self._layer_tensor(config, n) for n in sizes]
         self.disk: DiskTier | None = None
         if disk_dir is not None:
             self.use_disk(disk_dir, disk_max_bytes)
+
+    def _place_windows(self, windows: list[int | None], sliding_tokens: int | None) -> None:
+        """Which layers live in window slots (`window_layers`), how many slots (`num_slots`), and the window."""
+        self.window_layers: frozenset[int] = frozenset()
+        self.num_slots = 0
+        self.window = max((w for w in windows if w), default=None)
+        if self.window is None:
+            return
+        ps = self.page_size
+        if sliding_tokens is None:
+            sliding_tokens = WINDOW_JOBS * (self.window + WINDOW_CHUNK + 2 * ps)
+        if sliding_tokens <= 0:
+            raise ValueError(f"sliding_tokens must be positive, got {sliding_tokens}")
+        if sliding_tokens < self.max_seq_len:
+            self.num_slots = (sliding_tokens + ps - 1) // ps
+            self.window_layers = frozenset(i for i, w in enumerate(windows) if w)
 
     def use_disk(self, folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> DiskTier:
         """Keep finished pages in `folder` too (call before creating the generator, which reads `self.disk`)."""
@@ -77,8 +104,9 @@ class Cache:
         self.disk = DiskTier(folder, identity, layout, self.k[0].dtype, max_bytes=max_bytes)
         return self.disk
 
-    def _layer_tensor(self, config: ModelConfig) -> torch.Tensor:
-        """One layer's keys or values, shape [num_pages, page_size, num_kv_heads, head_dim] in every case.
+    def _layer_tensor(self, config: ModelConfig, num_pages: int) -> torch.Tensor:
+        """One layer's keys or values, shape [num_pages, page_size, num_kv_heads, head_dim] in every case (the
+        pages are window slots for a sliding-window layer kept apart).
 
         On the CPU the memory underneath is head-major ([num_pages, num_kv_heads, page_size, head_dim], the
         tensor a permuted view of it): decode attention there multiplies each head's page as one contiguous
@@ -89,32 +117,56 @@ class Cache:
         if self.kv_format != "bf16":
             dim, dtype = kv_quant.row_bytes(dim, kv_quant.FORMATS[self.kv_format]), torch.uint8
         if self.device.type == "cpu":
-            memory = torch.zeros((self.num_pages, heads, self.page_size, dim), dtype=dtype, device=self.device)
+            memory = torch.zeros((num_pages, heads, self.page_size, dim), dtype=dtype, device=self.device)
             return memory.permute(0, 2, 1, 3)
-        return torch.zeros((self.num_pages, self.page_size, heads, dim), dtype=dtype, device=self.device)
+        return torch.zeros((num_pages, self.page_size, heads, dim), dtype=dtype, device=self.device)
 
-    def copy_page(self, src: int, dst: int, num_tokens: int | None = None) -> None:
-        """Copy the first `num_tokens` rows (all by default) of page `src` into page `dst` on every layer."""
+    def _index(self, layer: int, page_id: int, slot: int | None) -> int | None:
+        """Where layer `layer` keeps page `page_id`'s rows: the page, its window slot, or nowhere (None)."""
+        return slot if layer in self.window_layers else page_id
+
+    def copy_page(
+        self,
+        src: int,
+        dst: int,
+        num_tokens: int | None = None,
+        src_slot: int | None = None,
+        dst_slot: int | None = None,
+    ) -> None:
+        """Copy the first `num_tokens` rows (all by default) of page `src` into page `dst` on every layer (of
+        window slot `src_slot` into `dst_slot` on the sliding-window layers kept apart)."""
         n = self.page_size if num_tokens is None else num_tokens
-        for k, v in zip(self.k, self.v):
-            k[dst, :n].copy_(k[src, :n])
-            v[dst, :n].copy_(v[src, :n])
+        for layer, (k, v) in enumerate(zip(self.k, self.v)):
+            a, b = self._index(layer, src, src_slot), self._index(layer, dst, dst_slot)
+            if a is not None and b is not None:
+                k[b, :n].copy_(k[a, :n])
+                v[b, :n].copy_(v[a, :n])
 
-    def save_page(self, page_id: int, page_hash: int, prev_hash: int, token_ids: Sequence[int]) -> None:
-        """Queue a full, named page for the disk tier (a private copy of its rows; the write happens later)."""
-        if self.disk is None:
+    def save_page(
+        self, page_id: int, page_hash: int, prev_hash: int, token_ids: Sequence[int], slot: int | None = None
+    ) -> None:
+        """Queue a full, named page for the disk tier (a private copy of its rows; the write happens later).
+        `slot`: its window slot, which a cache with sliding-window layers kept apart needs to save it."""
+        if self.disk is None or (self.window_layers and slot is None):
             return
-        rows = [t[page_id].clone() for pair in zip(self.k, self.v) for t in pair]  # [page_size, heads, head_dim]
+        rows = []  # [page_size, heads, head_dim] each, K then V per layer
+        for layer, pair in enumerate(zip(self.k, self.v)):
+            rows += [t[self._index(layer, page_id, slot)].clone() for t in pair]
         self.disk.write(page_hash, prev_hash, token_ids, rows)
 
-    def load_page(self, page_id: int, page_hash: int, prev_hash: int, token_ids: Sequence[int]) -> bool:
-        """Fill page `page_id` from the disk tier; False when it has no valid copy (then compute the page)."""
+    def load_page(
+        self, page_id: int, page_hash: int, prev_hash: int, token_ids: Sequence[int], slot: int | None = None
+    ) -> bool:
+        """Fill page `page_id` (and window slot `slot`, if given) from the disk tier; False when it has no valid
+        copy (then compute the page)."""
         rows = self.disk.read(page_hash, prev_hash, token_ids) if self.disk is not None else None
         if rows is None:
             return False
-        layers = [t for pair in zip(self.k, self.v) for t in pair]
-        for dst, src in zip(layers, rows):
-            dst[page_id].copy_(src)
+        for layer, (k, v) in enumerate(zip(self.k, self.v)):
+            index = self._index(layer, page_id, slot)
+            if index is not None:
+                k[index].copy_(rows[2 * layer])
+                v[index].copy_(rows[2 * layer + 1])
         return True
 
     @property
@@ -125,3 +177,13 @@ class Cache:
     @property
     def bytes_per_token(self) -> int:
         return self.num_bytes // self.max_seq_len
+
+
+def layer_windows(model, num_layers: int) -> list[int | None]:
+    """Each layer's sliding window (None: it sees every position), read from its attention module."""
+    windows: list[int | None] = [None] * num_layers
+    for module in model.modules():
+        index, window = getattr(module, "layer_idx", None), getattr(module, "sliding_window", None)
+        if isinstance(index, int) and 0 <= index < num_layers and window:
+            windows[index] = int(window)
+    return windows

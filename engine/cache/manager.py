@@ -12,9 +12,11 @@ With a disk tier (a PageStore), lookup() also finds the prompt's next full pages
 fresh pages and plans their loads (take_loads, then loads_done: a page that fails to load is computed instead),
 and pages named from then on wait in take_named() for the caller to write.
 
-A sequence's memory is one page list for its attention layers. Other kinds of layer memory (quantized pages,
-sliding-window pages, recurrent-state slots) belong behind these same calls, so the scheduler keeps seeing
-sequences and token counts only.
+A sequence's memory is one page list for its attention layers. Sliding-window layers, when the cache keeps
+them apart (a WindowSlots, window.py), hold slots only for the pages their window sees: allocate() reserves a
+sequence's quota, step(seq, start, end) moves its window before each forward, and lookup() cuts a prefix hit back
+to a point whose window still has its rows. Other kinds of layer memory (recurrent-state slots) belong behind
+these same calls, so the scheduler keeps seeing sequences and token counts only.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engine.cache.page_table import ROOT_HASH, Page, PageTable, chain_hash
+from engine.cache.window import WindowSlots
 
 
 class PageStore(Protocol):
@@ -41,6 +44,9 @@ class ManagedSeq(Protocol):
     may_rewind: bool  # generated rows may be undone (banned strings): name their pages only at free()
     pages: list[Page]
     num_computed: int  # tokens whose K/V rows are valid in the cache
+    max_step: int  # the most tokens one prefill step feeds (sizes its window quota)
+    slots_held: set[int]  # indices into `pages` whose window slot it holds (window.py)
+    window_quota: int
 
 
 @dataclass(frozen=True)
@@ -62,22 +68,29 @@ class DiskPage:
     hash: int
     prev_hash: int
     token_ids: tuple[int, ...]
+    slot: int | None = None  # the window slot of its sliding-window layers' rows (None: not kept there)
 
 
 @dataclass(frozen=True)
 class PageCopy:
-    """Copy the first `num_tokens` K/V rows of page `src` into page `dst` before the next forward."""
+    """Copy the first `num_tokens` K/V rows of page `src` into page `dst` before the next forward (and of window
+    slot `src_slot` into `dst_slot` for the sliding-window layers, when the cache keeps them apart)."""
 
     src: int
     dst: int
     num_tokens: int
+    src_slot: int | None = None
+    dst_slot: int | None = None
 
 
 class CacheManager:
     """Owns the page table: prefix lookup, allocation, committed rows, rewinds and release of sequences' pages."""
 
-    def __init__(self, num_pages: int, page_size: int, disk: PageStore | None = None):
-        self.table = PageTable(num_pages, page_size)
+    def __init__(
+        self, num_pages: int, page_size: int, disk: PageStore | None = None, window: WindowSlots | None = None
+    ):
+        self.window = window
+        self.table = PageTable(num_pages, page_size, on_forget=window.forget if window is not None else None)
         self.page_size = page_size
         self.disk = disk
         self._planned: dict[int, int] = {}  # chain hash of a prompt page being prefilled -> serial
@@ -116,8 +129,20 @@ class CacheManager:
                 break
             on_disk.append(h)
             prev, done = h, done + ps
+        while self.window is not None and not self._window_ready(matched, done):
+            # the sliding-window layers lost a page this point reads: resume a page earlier
+            if on_disk:
+                on_disk.pop()
+            else:
+                matched.pop()
+            done -= ps
+            prev = on_disk[-1] if on_disk else matched[-1].hash if matched else ROOT_HASH
         pending = done + ps <= reusable and chain_hash(prev, prompt_ids[done : done + ps]) in self._planned
         return PrefixHit(tuple(matched), prev, done, pending, tuple(on_disk))
+
+    def _window_ready(self, matched: list[Page], done: int) -> bool:
+        # pages from disk bring every layer's rows; pages in memory need their window slot's
+        return all(i >= len(matched) or self.window.has_rows(matched[i]) for i in self.window.reads(done))
 
     def allocate(
         self, seqs: Sequence[ManagedSeq], num_tokens: Sequence[int], hits: Sequence[PrefixHit]
@@ -131,6 +156,10 @@ class CacheManager:
         needed = [self.pages_for(n) - len(hit.pages) for n, hit in zip(num_tokens, hits)]
         held = {p.page_id: p for hit in hits for p in hit.pages}
         if sum(needed) > self.num_free - sum(1 for p in held.values() if p.ref_count == 0):
+            return None
+        if self.window is not None and not self.window.can_reserve(
+            self._quota(seq, n, hit) for seq, n, hit in zip(seqs, num_tokens, hits)
+        ):
             return None
         # Hold every hit while allocating, so one sequence's fresh pages cannot evict another's prefix.
         for page in held.values():
@@ -150,6 +179,8 @@ class CacheManager:
         for page in hit.pages:
             self.table.acquire(page)
         source, num_copy = self.table.best_partial(prev, seq.tokens[done:], min(ps, reusable - done))
+        if source is not None and self.window is not None and not self.window.has_rows(source):
+            source, num_copy = None, 0  # its sliding-window layers' rows are gone
         if source is not None and num_copy > 0:
             if source.ref_count == 0 and self.num_free - 1 < num_new + reserve:
                 source, num_copy = None, 0  # holding the source would starve the allocation
@@ -165,23 +196,34 @@ class CacheManager:
             after = before.page_id if before is not None else None
             follows = chain[i] if i <= num_disk else ROOT_HASH
             new_pages.append(self.table.allocate(follows, seq.serial, after=after))
-        for i, h in enumerate(hit.disk_hashes):
-            start = (len(hit.pages) + i) * ps
-            page = new_pages[i]
-            page.token_ids = list(seq.tokens[start : start + ps])
-            self._loads.append((seq, len(hit.pages) + i, DiskPage(page.page_id, h, chain[i], tuple(page.token_ids))))
         seq.pages = list(hit.pages) + new_pages
+        seq.num_computed = done + num_copy
+        if self.window is not None:
+            self.window.admit(seq, self.window.quota(seq, hit.num_tokens, len(seq.pages)))
+        for i, h in enumerate(hit.disk_hashes):
+            idx = len(hit.pages) + i
+            page = new_pages[i]
+            page.token_ids = list(seq.tokens[idx * ps : (idx + 1) * ps])
+            slot = page.slot if idx in seq.slots_held else None
+            self._loads.append((seq, idx, DiskPage(page.page_id, h, chain[i], tuple(page.token_ids), slot)))
         copies = []
         if num_copy > 0:
-            new_pages[num_disk].token_ids = list(seq.tokens[done : done + num_copy])
-            copies.append(PageCopy(source.page_id, new_pages[num_disk].page_id, num_copy))
-        seq.num_computed = done + num_copy
+            dst = new_pages[num_disk]
+            dst.token_ids = list(seq.tokens[done : done + num_copy])
+            slots = (source.slot, dst.slot) if self.window is not None else (None, None)
+            copies.append(PageCopy(source.page_id, dst.page_id, num_copy, *slots))
         # Announce the prompt pages this sequence will compute, so a twin prompt waits instead of duplicating.
         h = prev
         for start in range(done, reusable - ps + 1, ps):
             h = chain_hash(h, seq.tokens[start : start + ps])
             self._planned.setdefault(h, seq.serial)
         return copies
+
+    def _quota(self, seq: ManagedSeq, num_tokens: int, hit: PrefixHit) -> int:
+        """The window slots `seq` reserves when admitted from `hit` (0 without a window)."""
+        if self.window is None:
+            return 0
+        return self.window.quota(seq, hit.num_tokens, self.pages_for(num_tokens))
 
     def copies_done(self) -> None:
         """The page copies returned by allocate() ran: drop the sources' temporary holds."""
@@ -215,7 +257,24 @@ class CacheManager:
         """Pages named since the last call that still hold those rows: the disk tier's to write."""
         named = [d for d in self._named if self.table.pages[d.page_id].hash == d.hash]
         self._named.clear()
+        if self.window is not None:  # a page saved whole needs its sliding-window rows too
+            named = [
+                d for d in named if d.slot is not None and self.window.holder[d.slot] is self.table.pages[d.page_id]
+            ]
         return named
+
+    def step(self, seq: ManagedSeq, start: int, end: int) -> None:
+        """Before a forward writing positions [start, end) of `seq`: move its window (see window.py)."""
+        if self.window is not None:
+            self.window.step(seq, start, end)
+
+    def step_room(self, seq: ManagedSeq) -> int | None:
+        """The most tokens the next step of `seq` may feed within its window quota (None: no such bound)."""
+        return None if self.window is None else self.window.room(seq)
+
+    def window_table(self, seq: ManagedSeq) -> list[int]:
+        """The window slot of each of the sequence's pages (0 for pages its window no longer reads)."""
+        return [p.slot if p.slot is not None else 0 for p in seq.pages]
 
     # --- running -----------------------------------------------------------------------------------------
 
@@ -233,6 +292,8 @@ class CacheManager:
     def rewind(self, seq: ManagedSeq, num_tokens: int) -> None:
         """Keep only the K/V rows of the first `num_tokens` tokens; the rest are computed again."""
         ps = self.page_size
+        if self.window is not None and seq.window_quota:
+            num_tokens = self.window.rewound(seq, min(num_tokens, seq.num_computed))
         for idx in range(num_tokens // ps, len(seq.pages)):
             page = seq.pages[idx]
             valid = max(0, num_tokens - idx * ps)
@@ -249,6 +310,8 @@ class CacheManager:
                     self._name_page(seq, idx)
         for h in [h for h, s in self._planned.items() if s == seq.serial]:
             del self._planned[h]
+        if self.window is not None:
+            self.window.release_all(seq)
         for page in seq.pages:
             self.table.release(page)
         seq.pages = []
@@ -263,7 +326,7 @@ class CacheManager:
             return
         h = self.table.register_full(page)
         if self.disk is not None:
-            self._named.append(DiskPage(page.page_id, h, page.prev_hash, tuple(page.token_ids)))
+            self._named.append(DiskPage(page.page_id, h, page.prev_hash, tuple(page.token_ids), page.slot))
         if self._planned.get(h) == seq.serial:
             del self._planned[h]
         if idx + 1 < len(seq.pages):

@@ -13,7 +13,7 @@ prefix picks them up again; allocation takes never-used pages first, then the le
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 ROOT_HASH = 0
@@ -32,6 +32,7 @@ class Page:
     token_ids: list[int] = field(default_factory=list)  # tokens whose K/V rows are valid, in order
     hash: int | None = None  # set once the page is full and registered in the index
     owner: int | None = None  # serial of the job computing the page's rows; None when nobody is
+    slot: int | None = None  # the window slot holding its sliding-window layers' rows, if any (window.py)
 
     @property
     def num_valid(self) -> int:
@@ -41,8 +42,9 @@ class Page:
 class PageTable:
     """Allocation and sharing of `num_pages` pages of `page_size` tokens."""
 
-    def __init__(self, num_pages: int, page_size: int):
+    def __init__(self, num_pages: int, page_size: int, on_forget: Callable[[Page], None] | None = None):
         self.page_size = page_size
+        self._on_forget = on_forget  # told when a page's rows stop being its own (the window slots' owner)
         self.pages = [Page(i) for i in range(num_pages)]
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_pages))
         self._by_hash: dict[int, int] = {}  # chain hash -> page id
@@ -163,6 +165,8 @@ class PageTable:
             page.hash = None
 
     def _forget(self, page: Page) -> None:
+        if self._on_forget is not None:
+            self._on_forget(page)
         if page.hash is not None and self._by_hash.get(page.hash) == page.page_id:
             del self._by_hash[page.hash]
         self._unlink_child(page)

@@ -10,7 +10,7 @@ import torch
 
 from engine.cache.manager import CacheManager
 from engine.generator import guidance
-from engine.generator.images import check_embeddings_fit
+from engine.generator.images import check_embeddings_fit, longest_image_run
 from engine.generator.job import DynamicJob
 from engine.vision.embedding import is_mm_id
 
@@ -32,6 +32,15 @@ def check_job(job: DynamicJob, model, cache: CacheManager, max_batch_size: int, 
             f"max_new_tokens {job.max_new_tokens}) but the whole cache has {num_pages}; make the cache "
             "larger, shorten the prompt, or lower max_new_tokens"
         )
+    window = cache.window
+    if window is not None:
+        step = max(window.decode_tokens, longest_image_run(job.prompt_ids))
+        if window.slots_for(step) > window.num_slots:
+            tokens = window.slots_for(step) * cache.page_size
+            raise ValueError(
+                f"the cache's sliding-window layers keep {window.num_slots * cache.page_size} tokens, fewer than "
+                f"one window and one step of this job need ({tokens}); make the cache with sliding_tokens >= {tokens}"
+            )
     if job.negative_ids is not None:
         guidance.check_fits(job, vocab, max_batch_size, cache.pages_for, num_pages, max_seq_len)
     if total > max_seq_len:

@@ -20,10 +20,11 @@ import torch
 from engine.cache.cache import Cache
 from engine.cache.manager import CacheManager
 from engine.cache.page_table import PageTable
+from engine.cache.window import WindowSlots
 from engine.generator import convenience, guidance
 from engine.generator.checks import check_job
 from engine.generator.filters import Filter, MaskWorkers
-from engine.generator.images import splice_inputs
+from engine.generator.images import longest_image_run, splice_inputs
 from engine.generator.job import DynamicJob
 from engine.generator.results import Result
 from engine.generator.sampler_settings import SamplerSettings
@@ -101,7 +102,11 @@ class DynamicGenerator:
         self.max_batch_size = max_batch_size or min(self.num_pages, 256)
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        self.cache_manager = CacheManager(self.num_pages, self.page_size, disk=cache.disk)
+        window = None
+        if cache.window_layers:  # sliding-window layers in slots of their own (engine/cache/window.py)
+            drafted = 1 + (num_draft_tokens if self.drafter is not None else 0)
+            window = WindowSlots(cache.num_slots, cache.window, self.page_size, decode_tokens=drafted)
+        self.cache_manager = CacheManager(self.num_pages, self.page_size, disk=cache.disk, window=window)
         self.scheduler = Scheduler(self.cache_manager, self.max_batch_size, self.max_chunk_size)
         self._sessions: dict[int, JobSession] = {}  # serial -> running or waiting job
         self._buffered: list[Result] = []  # results produced while generate() ran others' steps
@@ -132,10 +137,13 @@ class DynamicGenerator:
                 max_skips=job.max_skips,
                 may_rewind=bool(job.banned_strings),
                 priority=job.priority,
+                max_step=self.max_chunk_size + longest_image_run(session.prompt_ids),
             )
             if job.negative_ids is not None:
                 neg = job.negative_ids
-                seq.negative = replace(seq, tokens=list(neg), prompt_len=len(neg), pages=[], shadow=True)
+                seq.negative = replace(
+                    seq, tokens=list(neg), prompt_len=len(neg), pages=[], slots_held=set(), shadow=True
+                )
             session.seq = seq
             self._sessions[job.serial] = session
             self.scheduler.waiting.append(seq)
@@ -217,7 +225,7 @@ class DynamicGenerator:
         """Admit waiting jobs the cache can hold (copying partly matched prefix pages); their "started" results."""
         admitted, copies = self.scheduler.admit()
         for c in copies:
-            self.cache.copy_page(c.src, c.dst, c.num_tokens)
+            self.cache.copy_page(c.src, c.dst, c.num_tokens, c.src_slot, c.dst_slot)
         self.cache_manager.copies_done()
         self._load_pages()
         now = time.perf_counter()
@@ -238,7 +246,9 @@ class DynamicGenerator:
         loads = self.cache_manager.take_loads()
         if not loads:
             return
-        failed = {d.page_id for d in loads if not self.cache.load_page(d.page_id, d.hash, d.prev_hash, d.token_ids)}
+        failed = {
+            d.page_id for d in loads if not self.cache.load_page(d.page_id, d.hash, d.prev_hash, d.token_ids, d.slot)
+        }
         for seq in self.cache_manager.loads_done(failed):
             seq.cached_tokens = seq.num_computed
             seq.cached_pages = self.cache_manager.pages_for(seq.num_computed)
@@ -246,7 +256,7 @@ class DynamicGenerator:
     def _save_named_pages(self) -> None:
         # Snapshots the rows now (the page may be reused next step); the disk tier writes them off this thread.
         for d in self.cache_manager.take_named():
-            self.cache.save_page(d.page_id, d.hash, d.prev_hash, d.token_ids)
+            self.cache.save_page(d.page_id, d.hash, d.prev_hash, d.token_ids, d.slot)
 
     def _forward_or_fail(
         self, steps: list[Step], results: list[Result], failures: list[tuple[DynamicJob, BaseException]]
@@ -278,12 +288,16 @@ class DynamicGenerator:
         # Drafted K/V rows land past num_computed, in pages not yet full, so they are never named or shared
         # before verification, and rejected ones are overwritten by later steps.
         fed = [s.token_ids + drafts.get(s.seq.serial, []) for s in steps]
+        manager = self.cache_manager
+        for s, f in zip(steps, fed):
+            manager.step(s.seq, s.start, s.start + len(f))
         batch = Batch.build(
             self.cache,
             [[p.page_id for p in s.seq.pages] for s in steps],
             [s.start for s in steps],
             [len(f) for f in fed],
             logits=[list(range(len(s.token_ids) - 1, len(f))) if s.needs_logits else [] for s, f in zip(steps, fed)],
+            window_tables=[manager.window_table(s.seq) for s in steps] if manager.window is not None else None,
         )
         ids = torch.tensor([t for f in fed for t in f], dtype=torch.long, device=self.cache.device)
         runs, start = [], 0

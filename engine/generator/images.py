@@ -79,3 +79,12 @@ def splice_inputs(model, ids: torch.Tensor, runs: Sequence[tuple[int, int, Seque
                 rows = (part[mask] - e.first_id).to(e.embeddings.device)
                 x[start : start + length][mask] = e.embeddings[rows].to(device=x.device, dtype=x.dtype)
     return x
+
+
+def longest_image_run(token_ids: Sequence[int]) -> int:
+    """The longest run of consecutive image ids: how far a prefill chunk may grow to keep an image whole."""
+    longest = run = 0
+    for i, t in enumerate(token_ids):
+        run = run + 1 if is_mm_id(t) and i > 0 and t == token_ids[i - 1] + 1 else int(is_mm_id(t))
+        longest = max(longest, run)
+    return longest

@@ -32,6 +32,9 @@ class Seq:
     may_rewind: bool = False  # banned strings can undo generated tokens, so their pages are named late
     pages: list[Page] = field(default_factory=list)
     num_computed: int = 0  # tokens whose K/V rows are valid in the cache
+    max_step: int = 2048  # the most tokens a prefill step feeds: max_chunk_size, widened to keep an image whole
+    slots_held: set[int] = field(default_factory=set)  # pages whose sliding-window slot it holds (cache/window.py)
+    window_quota: int = 0
     cached_tokens: int = 0  # prompt tokens reused from the cache at admission
     cached_pages: int = 0
     skips: int = 0
@@ -153,6 +156,8 @@ class Scheduler:
         """The sequence's next chunk; a single token (a decode step) is counted in the budget already."""
         remaining = len(seq.tokens) - seq.num_computed
         n = remaining if remaining <= 1 else min(remaining, self.max_chunk_size, budget)
+        room = self.cache.step_room(seq)  # what its sliding-window quota holds
+        n = n if room is None else min(n, room)
         if n <= 0:
             return None
         start = seq.num_computed

@@ -223,6 +223,11 @@ def make_drafter(
                 f"{draft_cache.page_size}) and at least {cache.num_pages} pages (got {draft_cache.num_pages}); "
                 "make it with the same max_seq_len and page_size"
             )
+    if draft_cache is not None and draft_cache.window_layers:
+        raise ValueError(
+            "draft_cache keeps its sliding-window layers in window slots, but a draft reads the main cache's page "
+            "ids: make it with sliding_tokens=max_seq_len"
+        )
     if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
     if not isinstance(max_ngram, int) or max_ngram < 1:

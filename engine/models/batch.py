@@ -28,6 +28,16 @@ class Batch:
     token_ids: torch.Tensor | None = None
     # Per sequence, the first page id when the pages it reads this step are consecutive ids, else -1.
     page_runs: tuple[int, ...] = ()
+    # The sliding-window layers' tables and slots when the cache keeps them in window slots of their own
+    # (engine/cache/window.py): the same shapes as block_tables and slot_mapping, in slot ids.
+    window_tables: torch.Tensor | None = None
+    window_slots: torch.Tensor | None = None
+
+    def pages_of(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+        """(block tables, slot mapping, page runs) of layer `layer_idx`: its window slots' or the pages'."""
+        if self.window_tables is not None and layer_idx in self.cache.window_layers:
+            return self.window_tables, self.window_slots, ()
+        return self.block_tables, self.slot_mapping, self.page_runs
 
     @property
     def seq_lens_host(self) -> tuple[int, ...]:
@@ -45,11 +55,13 @@ class Batch:
         past_lens: Sequence[int],
         query_lens: Sequence[int],
         logits: str | Sequence[Sequence[int]] = "last",
+        window_tables: Sequence[Sequence[int]] | None = None,
     ) -> Batch:
         """Make a batch from host-side page lists.
 
         `logits` is "last" (last new token of each sequence), "all", or per sequence the offsets within its
-        new tokens that need logits.
+        new tokens that need logits. `window_tables`: per sequence, the window slot of each page, for a cache
+        whose sliding-window layers live in slots (the cache manager's window_table()).
         """
         device = cache.device
         page_size = cache.page_size
@@ -68,6 +80,20 @@ class Batch:
             elif logits != "all":
                 rows.extend(start + j for j in logits[i])
             start += n
+        windows = {}
+        if window_tables is not None:
+            windows = dict(
+                window_tables=_table_tensor(window_tables, tables.shape[1]).to(device),
+                window_slots=torch.tensor(
+                    [
+                        t[p // page_size] * page_size + p % page_size
+                        for t, past, n in zip(window_tables, past_lens, query_lens)
+                        for p in range(past, past + n)
+                    ],
+                    dtype=torch.int64,
+                    device=device,
+                ),  # fmt: skip
+            )
         return cls(
             cache=cache,
             block_tables=tables.to(device),
@@ -80,6 +106,7 @@ class Batch:
                 _run_start(table, (past + n + page_size - 1) // page_size)
                 for table, past, n in zip(block_tables, past_lens, query_lens)
             ),
+            **windows,
         )
 
     def positions(self) -> torch.Tensor:
@@ -92,3 +119,10 @@ def _run_start(table: Sequence[int], num_pages: int) -> int:
     """table[0] when table[:num_pages] are consecutive page ids, else -1."""
     first = int(table[0]) if num_pages else -1
     return first if all(int(table[j]) == first + j for j in range(num_pages)) else -1
+
+
+def _table_tensor(tables: Sequence[Sequence[int]], width: int) -> torch.Tensor:
+    out = torch.zeros((len(tables), width), dtype=torch.int64)
+    for i, table in enumerate(tables):
+        out[i, : len(table)] = torch.tensor(table, dtype=torch.int64)
+    return out

@@ -36,6 +36,12 @@ class _Inputs:
     tables: torch.Tensor  # [rows, pages] int64
     lens: torch.Tensor  # [rows] int64
     slots: torch.Tensor  # [rows] int64: each new token's cache slot (page * page_size + offset)
+    # the same two in window slots, for sliding-window layers the cache keeps apart (engine/cache/window.py)
+    window_tables: torch.Tensor | None = None
+    window_slots: torch.Tensor | None = None
+
+    def pages_of(self, windowed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self.window_tables, self.window_slots) if windowed else (self.tables, self.slots)
 
 
 class DecodePlan:
@@ -71,9 +77,13 @@ class DecodePlan:
             lens=plan.buffer(rows, dtype=torch.int64),
             slots=plan.buffer(rows, dtype=torch.int64),
         )
+        if cache.window_layers:
+            inputs.window_tables = plan.buffer(rows, pages, dtype=torch.int64)
+            inputs.window_slots = plan.buffer(rows, dtype=torch.int64)
         x, residual = inputs.x, None
         for index, layer in enumerate(model.model.layers):
-            out = _record_layer(plan, layer, cache.k[index], cache.v[index], inputs, x, residual)
+            pages_of = inputs.pages_of(index in cache.window_layers)
+            out = _record_layer(plan, layer, cache.k[index], cache.v[index], inputs, pages_of, x, residual)
             if out is None:
                 return None
             x, residual = out
@@ -95,6 +105,9 @@ class DecodePlan:
         inputs.tables[:, : batch.block_tables.shape[1]].copy_(batch.block_tables)
         inputs.lens.copy_(batch.seq_lens)
         inputs.slots.copy_(batch.slot_mapping)
+        if inputs.window_tables is not None:
+            inputs.window_tables[:, : batch.window_tables.shape[1]].copy_(batch.window_tables)
+            inputs.window_slots.copy_(batch.window_slots)
         self._plan.run()
         if self._head is None:
             return (*self._out, None)
@@ -121,7 +134,7 @@ def covers(batch: Batch, inputs: torch.Tensor) -> bool:
     )
 
 
-def _record_layer(plan, layer, k_cache, v_cache, inputs: _Inputs, x, residual):
+def _record_layer(plan, layer, k_cache, v_cache, inputs: _Inputs, pages, x, residual):
     """Append one DecoderLayer's calls; returns its (output, residual) buffers, or None if not covered."""
     attn, mlp = layer.self_attn, layer.mlp
     if type(mlp).__name__ != "GatedMLP":
@@ -154,7 +167,7 @@ def _record_layer(plan, layer, k_cache, v_cache, inputs: _Inputs, x, residual):
     ):
         return None
     o = plan.buffer(rows, heads, dim)
-    if not _record_attention(plan, attn, q, k, v, k_cache, v_cache, inputs, o):
+    if not _record_attention(plan, attn, q, k, v, k_cache, v_cache, inputs, pages, o):
         return None
     attn_out = _record_linear(plan, attn.o_proj, o.view(rows, q_size))
     if attn_out is None:
@@ -173,21 +186,22 @@ def _record_layer(plan, layer, k_cache, v_cache, inputs: _Inputs, x, residual):
     return None if down is None else (down, summed2)
 
 
-def _record_attention(plan, attn, q, k, v, k_cache, v_cache, inputs: _Inputs, o) -> bool:
-    """Append the new keys' and values' write into their slots and the attention of q over the cache into o."""
+def _record_attention(plan, attn, q, k, v, k_cache, v_cache, inputs: _Inputs, pages, o) -> bool:
+    """Append the new keys' and values' write into their slots and the attention of q over the cache into o.
+    `pages`: the layer's (tables, slots) buffers."""
     threads, window = plan.threads, attn.sliding_window
-    tables, lens = inputs.tables, inputs.lens
+    (tables, slots), lens = pages, inputs.lens
     if k_cache.dtype == torch.uint8:  # quantized pages: rotated and quantized as they are written
-        write = ops.bind_write_kv_quant(k, v, k_cache, v_cache, inputs.slots, threads)
+        write = ops.bind_write_kv_quant(k, v, k_cache, v_cache, slots, threads)
         decode = ops.bind_paged_decode_quant(q, k_cache, v_cache, o, tables, lens, attn.scale, window, threads)
         return plan.add(write) and plan.add(decode)
-    writes = [ops.bind_write_slots(new, cache, inputs.slots) for new, cache in ((k, k_cache), (v, v_cache))]
+    writes = [ops.bind_write_slots(new, cache, slots) for new, cache in ((k, k_cache), (v, v_cache))]
     if all(writes):
         for write in writes:
             plan.add(write)
     else:
 
-        def write_kv(slots=inputs.slots, page_size=k_cache.shape[1]) -> None:  # as the twin writes a CPU cache
+        def write_kv(slots=slots, page_size=k_cache.shape[1]) -> None:  # as the twin writes a CPU cache
             pages, offsets = slots.div(page_size, rounding_mode="floor"), slots.remainder(page_size)
             k_cache.index_put_((pages, offsets), k)
             v_cache.index_put_((pages, offsets), v)

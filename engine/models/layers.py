@@ -61,18 +61,19 @@ class Attention(nn.Module):
         k = ops.apply_rope(k, cos, sin)
         cache = batch.cache
         k_cache, v_cache = cache.k[self.layer_idx], cache.v[self.layer_idx]
-        ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+        tables, slots, runs = batch.pages_of(self.layer_idx)
+        ops.write_kv(k_cache, v_cache, k, v, slots)
         o = ops.paged_attention(
             q,
             k_cache,
             v_cache,
-            batch.block_tables,
+            tables,
             batch.seq_lens,
             batch.query_lens,
             batch.seq_lens_host,
             self.scale,
             self.sliding_window,
-            batch.page_runs,
+            runs,
         )
         return self.o_proj(o.reshape(-1, q_size).to(x.dtype))
 

@@ -166,12 +166,13 @@ class Gemma3Attention(Attention):
         q = ops.apply_rope(self.q_norm(q), cos, sin)
         k = ops.apply_rope(self.k_norm(k), cos, sin)
         k_cache, v_cache = batch.cache.k[self.layer_idx], batch.cache.v[self.layer_idx]
-        ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+        tables, slots, _ = batch.pages_of(self.layer_idx)
+        ops.write_kv(k_cache, v_cache, k, v, slots)
         args = (
             q,
             k_cache,
             v_cache,
-            batch.block_tables,
+            tables,
             batch.seq_lens,
             batch.query_lens,
             batch.seq_lens_host,

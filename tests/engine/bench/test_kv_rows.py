@@ -31,11 +31,13 @@ def test_kv_rows_print_and_hold_their_budgets(tiny_wide_folder, tmp_path, capsys
     assert bench.run(args) == 0
     table = capsys.readouterr().out
     lines = [line for line in table.splitlines() if line.startswith("| ")]
-    assert len(lines) == 1 + 3 + 2 * 4 + 1, table  # header, KL per format, decode and prompt per format, disk
+    # header, KL per format, decode and prompt per format, disk, sliding-window memory per Gemma 3 size
+    assert len(lines) == 1 + 3 + 2 * 4 + 1 + 4, table
     for name in ("Q8", "Q6", "Q4"):
         (row,) = [line for line in lines if f"KV {name}: mean KL" in line]
         assert "PASS" in row, row
     measured = json.loads(out.read_text())["sides"]["ours"]
+    assert set(measured["windows"]) == {"Gemma 3 1B", "Gemma 3 4B", "Gemma 3 12B", "Gemma 3 27B"}
     assert set(measured["kl"]) == {"q8", "q6", "q4"} and measured["llama_cpp_kl"] == {}  # not a .gguf file
     assert measured["bytes_ratio"]["q4"] < measured["bytes_ratio"]["q6"] < measured["bytes_ratio"]["q8"] < 1
     assert all(s["decode_tps"] > 0 and s["prompt_tps"] > 0 for s in measured["speed"].values())
