@@ -4,7 +4,8 @@
     weights: GGUF blocks stay packed (about the file size); float tensors take the compute dtype's size
     KV cache: 2 (keys, values) * layers * kv_heads * tokens * bytes of one head row, where a row is
               head_dim * bytes per element ("bf16": the model's dtype) or, in a quantized format (q8, q6, q4),
-              head_dim / 32 blocks of a float16 scale and 32 codes (kernels/torch_ref/kv_quant.py)
+              head_dim / 32 blocks of a float16 scale and 32 codes (kernels/torch_ref/kv_quant.py); a
+              sliding-window layer counts only the tokens of its window pool (engine/cache/cache.py)
 
 Checking this before a load turns "the machine swaps for minutes, then the app dies" into a message that says
 what to change. The figures are estimates: good to a few percent for the weights and exact for the cache.
@@ -15,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.cache.cache import KV_FORMATS
+from engine.cache.cache import KV_FORMATS, window_pool_tokens
 from engine.errors import ModelLoadError
 from engine.model_info import ModelInfo
 from kernels.torch_ref import kv_quant
@@ -77,10 +78,9 @@ def memory_need(
     `keeps_blocks`: quantized GGUF tensors stay in their blocks (see ModelInfo.weights_bytes). A model whose
     KV shape is unknown counts weights and overhead only.
     """
-    per_token = _per_token(info, itemsize, kv_format)
     return MemoryNeed(
         weights_bytes=info.weights_bytes(itemsize, keeps_blocks),
-        kv_bytes=per_token * context_tokens,
+        kv_bytes=_kv_bytes(info, context_tokens, itemsize, kv_format),
         overhead_bytes=OVERHEAD_BYTES,
         context_tokens=context_tokens,
         kv_format=kv_format,
@@ -92,14 +92,18 @@ def largest_context(
 ) -> int:
     """The longest context (whole CONTEXT_STEPs, at most the model's own) that fits in `free_bytes` with a cache
     in `kv_format`; 0 when not even one step does."""
-    per_token = _per_token(info, itemsize, kv_format)
     room = free_bytes - memory_need(info, 0, itemsize, keeps_blocks, kv_format).total_bytes
-    if room < per_token * CONTEXT_STEP:
+    if not info.has_kv_shape:  # the cache cannot be sized: the weights alone decide
+        return (info.context_length or CONTEXT_STEP) if room >= 0 else 0
+    if room < _kv_bytes(info, CONTEXT_STEP, itemsize, kv_format):
         return 0
-    tokens = room // per_token if per_token else info.context_length or CONTEXT_STEP
-    if info.context_length:
-        tokens = min(tokens, info.context_length)
-    return max(CONTEXT_STEP, tokens // CONTEXT_STEP * CONTEXT_STEP)
+    limit = info.context_length or 2**24  # tokens; a model that does not say is searched up to this
+    # the cache grows with the context (no faster than linearly): the longest context whose cache fits the room
+    low, high = 1, max(limit // CONTEXT_STEP, 1)
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if _kv_bytes(info, mid * CONTEXT_STEP, itemsize, kv_format) <= room else (low, mid - 1)
+    return low * CONTEXT_STEP
 
 
 class NotEnoughMemoryError(ModelLoadError):
@@ -154,10 +158,14 @@ def format_bytes(num_bytes: int) -> str:
     return f"{max(1, round(num_bytes / 1e3))} KB"
 
 
-def _per_token(info: ModelInfo, itemsize: int, kv_format: str) -> int:
+def _kv_bytes(info: ModelInfo, tokens: int, itemsize: int, kv_format: str) -> int:
+    """The cache of one chat of `tokens` tokens: every token on full layers, the window pool on sliding ones."""
     if not info.has_kv_shape:
         return 0
-    return kv_bytes_per_token(info.num_layers, info.num_kv_heads, info.head_dim, itemsize, kv_format)
+    per_layer = kv_bytes_per_token(1, info.num_kv_heads, info.head_dim, itemsize, kv_format)
+    sliding = info.num_sliding_layers if info.sliding_window else 0
+    kept = window_pool_tokens(info.sliding_window, CONTEXT_STEP, tokens) if sliding else 0
+    return per_layer * ((info.num_layers - sliding) * tokens + sliding * kept)
 
 
 __all__ = [

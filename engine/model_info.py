@@ -53,6 +53,10 @@ class ModelInfo:
     packed_bytes: int = 0
     num_float_parameters: int = 0
     checkpoint_dtype: str | None = None  # a folder's torch_dtype, which picks the dtype on CUDA
+    # Layers that attend to the last `sliding_window` positions only: their cache keeps a pool of pages, not the
+    # whole context (engine/cache/window.py).
+    num_sliding_layers: int = 0
+    sliding_window: int | None = None
 
     @property
     def supported(self) -> bool:
@@ -266,7 +270,26 @@ def _kv_shape(config: ModelConfig | None) -> dict[str, int | None]:
         "num_layers": config.num_hidden_layers,
         "num_kv_heads": config.num_key_value_heads,
         "head_dim": config.head_dim,
+        **_sliding(config),
     }
+
+
+def _sliding(config: ModelConfig) -> dict[str, int | None]:
+    """How many layers use a sliding window, and its size, as the model's layers will be built."""
+    if "Gemma3" in (config.text_architecture or config.architecture):
+        from engine.models.gemma3.text import Gemma3TextSettings
+
+        extra = config.extra.get("text_config") if isinstance(config.extra.get("text_config"), dict) else config.extra
+        try:
+            settings = Gemma3TextSettings.from_hf_dict(extra, config.num_hidden_layers)
+        except ModelLoadError:
+            return {}
+        if settings.sliding_window:
+            return {"num_sliding_layers": sum(settings.is_sliding), "sliding_window": settings.sliding_window}
+        return {}
+    if config.sliding_window:
+        return {"num_sliding_layers": config.num_hidden_layers, "sliding_window": config.sliding_window}
+    return {}
 
 
 __all__ = ["FLOAT_TYPES", "ModelInfo", "gguf_file_type_name", "read_model_info"]

@@ -86,13 +86,11 @@ class Cache:
         self.window = max((w for w in windows if w), default=None)
         if self.window is None:
             return
-        ps = self.page_size
-        if sliding_tokens is None:
-            sliding_tokens = WINDOW_JOBS * (self.window + WINDOW_CHUNK + 2 * ps)
-        if sliding_tokens <= 0:
+        if sliding_tokens is not None and sliding_tokens <= 0:
             raise ValueError(f"sliding_tokens must be positive, got {sliding_tokens}")
-        if sliding_tokens < self.max_seq_len:
-            self.num_slots = (sliding_tokens + ps - 1) // ps
+        pool = window_pool_tokens(self.window, self.page_size, self.max_seq_len, sliding_tokens)
+        if pool < self.max_seq_len:
+            self.num_slots = pool // self.page_size
             self.window_layers = frozenset(i for i, w in enumerate(windows) if w)
 
     def use_disk(self, folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> DiskTier:
@@ -177,6 +175,14 @@ class Cache:
     @property
     def bytes_per_token(self) -> int:
         return self.num_bytes // self.max_seq_len
+
+
+def window_pool_tokens(window: int, page_size: int, max_seq_len: int, sliding_tokens: int | None = None) -> int:
+    """Tokens the sliding-window layers of a cache of `max_seq_len` tokens keep: `sliding_tokens` (None: WINDOW_JOBS
+    jobs' windows and prompt chunks) in whole pages, and never more than `max_seq_len` (then they keep every page)."""
+    if sliding_tokens is None:
+        sliding_tokens = WINDOW_JOBS * (window + WINDOW_CHUNK + 2 * page_size)
+    return min(max_seq_len, -(-sliding_tokens // page_size) * page_size)
 
 
 def layer_windows(model, num_layers: int) -> list[int | None]:

@@ -95,3 +95,38 @@ def test_what_fits_is_bounded_by_the_models_own_context_and_unknown_memory_refus
 
 def test_sizes_read_like_a_file_manager():
     assert [format_bytes(n) for n in (6_123_000_000, 812_300_000, 96_000, 10)] == ["6.1 GB", "812 MB", "96 KB", "1 KB"]
+
+
+def test_sliding_layers_count_their_window_pool_as_the_cache_allocates_it(tmp_path):
+    """A Gemma 3 folder's card: two of four layers slide; its cache bytes are a real Cache's, and the largest
+    context grows past what counting every layer at every token allows."""
+    import torch
+    import transformers
+
+    from engine.cache import Cache
+    from engine.model_info import read_model_info
+    from engine.models import Model
+
+    config = transformers.Gemma3TextConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32, sliding_window=512,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        max_position_embeddings=131072,
+    )  # fmt: skip
+    transformers.Gemma3ForCausalLM(config).save_pretrained(tmp_path)
+    info = read_model_info(tmp_path)
+    assert (info.num_sliding_layers, info.sliding_window) == (2, 512)
+    model = Model.load(tmp_path, dtype=torch.bfloat16)
+    for tokens in (4096, 32768):
+        assert memory_need(info, tokens, 2).kv_bytes == Cache(model, tokens, page_size=CONTEXT_STEP).num_bytes
+    plain = kv_bytes_per_token(4, 2, 32, 2)
+    free = OVERHEAD_BYTES + info.weights_bytes(2) + plain * 20_000
+    assert largest_context(info, free, 2) > 20_000
+    assert largest_context(info, free, 2) % CONTEXT_STEP == 0
+    assert memory_need(info, largest_context(info, free, 2), 2).total_bytes <= free
+
+
+def test_a_mistral_slides_on_every_layer():
+    info = card(num_sliding_layers=32, sliding_window=4096, context_length=32768)
+    assert memory_need(info, 32768, 2).kv_bytes < memory_need(card(context_length=32768), 32768, 2).kv_bytes
+    assert memory_need(info, 4096, 2).kv_bytes == memory_need(card(), 4096, 2).kv_bytes  # all within the pool
