@@ -1,8 +1,14 @@
-"""Write random-weight GGUF models shaped like Llama-3.2-1B, for speed and memory benchmarks.
+"""Write random-weight GGUF models shaped like Llama-3.2-1B (or a mixture of experts), for speed and memory benchmarks.
 
     python tools/make_bench_model.py OUT_DIR [--types Q4_K_M,Q4_0,Q8_0] [--layers 16] [--seed 0] [--tokenizer GGUF]
+    python tools/make_bench_model.py OUT_DIR --shape qwen3moe [--layers 4]
 
-writes OUT_DIR/bench-1b-<type>.gguf for each type and prints each path and size.
+writes OUT_DIR/bench-1b-<type>.gguf (or bench-qwen3moe-<type>.gguf) for each type and prints each path and size.
+
+`--shape qwen3moe` is Qwen3-30B-A3B's layer (GGUF architecture `qwen3moe`): hidden 2048, 32 query / 4 KV heads of
+128 with q/k norms, 128 experts of width 768 with 8 routed per token and no shared expert, rope theta 1e6, an
+untied output head, and 4 layers by default (about 1.5 GB in Q4_K_M: the expert tensors of one layer are 340 MB).
+The router (ffn_gate_inp) is F32, as llama.cpp keeps it.
 
 The shape is Llama-3.2-1B's: 16 layers, hidden 2048, 32 query / 8 KV heads of 64, MLP 8192, rope theta
 500000, rms eps 1e-5, context 131072 in the metadata (its llama3 rope scaling is left out), tied embeddings
@@ -43,7 +49,7 @@ WEIGHT_RMS = 0.02
 
 @dataclass(frozen=True)
 class TensorPlan:
-    """One tensor to write: its GGUF name, logical shape [rows, cols] and ggml type name."""
+    """One tensor to write: its GGUF name, logical shape ([rows, cols], or [experts, rows, cols]) and ggml type."""
 
     name: str
     shape: tuple[int, ...]
@@ -64,7 +70,11 @@ def tensor_type(name: str, type_name: str, layer_idx: int, num_layers: int) -> s
     # layers; every other 2-D weight is Q4_K.
     if name == "token_embd.weight":
         return "Q6_K"
-    if name.endswith((".attn_v.weight", ".ffn_down.weight")) and use_more_bits(layer_idx, num_layers):
+    if name.endswith((".attn_v.weight", ".ffn_down.weight", ".ffn_down_exps.weight")) and use_more_bits(
+        layer_idx, num_layers
+    ):
+        return "Q6_K"
+    if name == "output.weight":
         return "Q6_K"
     return "Q4_K"
 
@@ -100,6 +110,44 @@ def plan_tensors(
             name = f"blk.{i}.{short}.weight"
             plans.append(TensorPlan(name, shape, tensor_type(name, type_name, i, num_layers)))
     plans.append(TensorPlan("output_norm.weight", (hidden,), "F32"))
+    return plans
+
+
+# Qwen3-30B-A3B's shape, per layer (the `qwen3moe` rows of the bench).
+QWEN3_MOE = dict(
+    hidden=2048, num_heads=32, num_kv_heads=4, head_dim=128, ffn_hidden=6144, num_experts=128, experts_used=8,
+    expert_ffn=768, rope_theta=1e6, rms_eps=1e-6, context_length=40960,
+)  # fmt: skip
+
+
+def plan_moe_tensors(type_name: str, num_layers: int, vocab_size: int, shape: dict) -> list[TensorPlan]:
+    """A qwen3moe model's tensors in llama.cpp's names and order: norms and the router F32."""
+    hidden, heads, kv_heads, dim = shape["hidden"], shape["num_heads"], shape["num_kv_heads"], shape["head_dim"]
+    experts, width = shape["num_experts"], shape["expert_ffn"]
+    plans = [TensorPlan("token_embd.weight", (vocab_size, hidden), "Q4_K" if type_name == "Q4_K_M" else type_name)]
+    for i in range(num_layers):
+        plans.append(TensorPlan(f"blk.{i}.attn_norm.weight", (hidden,), "F32"))
+        for short, tensor_shape in {
+            "attn_q": (heads * dim, hidden),
+            "attn_k": (kv_heads * dim, hidden),
+            "attn_v": (kv_heads * dim, hidden),
+            "attn_output": (hidden, heads * dim),
+        }.items():
+            name = f"blk.{i}.{short}.weight"
+            plans.append(TensorPlan(name, tensor_shape, tensor_type(name, type_name, i, num_layers)))
+        plans.append(TensorPlan(f"blk.{i}.attn_q_norm.weight", (dim,), "F32"))
+        plans.append(TensorPlan(f"blk.{i}.attn_k_norm.weight", (dim,), "F32"))
+        plans.append(TensorPlan(f"blk.{i}.ffn_norm.weight", (hidden,), "F32"))
+        plans.append(TensorPlan(f"blk.{i}.ffn_gate_inp.weight", (experts, hidden), "F32"))
+        for short, tensor_shape in {
+            "ffn_gate_exps": (experts, width, hidden),
+            "ffn_up_exps": (experts, width, hidden),
+            "ffn_down_exps": (experts, hidden, width),
+        }.items():
+            name = f"blk.{i}.{short}.weight"
+            plans.append(TensorPlan(name, tensor_shape, tensor_type(name, type_name, i, num_layers)))
+    plans.append(TensorPlan("output_norm.weight", (hidden,), "F32"))
+    plans.append(TensorPlan("output.weight", (vocab_size, hidden), tensor_type("output.weight", type_name, 0, 1)))
     return plans
 
 
@@ -143,6 +191,8 @@ def write_bench_model(
     num_layers: int = 16,
     seed: int = 0,
     *,
+    shape: str = "1b",
+    moe: dict | None = None,
     hidden: int = 2048,
     num_heads: int = 32,
     num_kv_heads: int = 8,
@@ -154,6 +204,8 @@ def write_bench_model(
     tokenizer_gguf: str | Path | None = None,
 ) -> Path:
     """Write a random-weight model of `type_name` (Q4_0, Q8_0 or Q4_K_M) to `path` and return the path.
+    `shape`: "1b" (Llama-3.2-1B's layer, sized by the keyword arguments) or "qwen3moe" (QWEN3_MOE, with the
+    entries of `moe` in place of its own: tests write small ones).
 
     The tokenizer (and so the vocabulary size) comes from `tokenizer_gguf`, the starter model by default.
     Tensors are generated and written one at a time, so memory holds at most one (~110 MB for the
@@ -171,7 +223,17 @@ def write_bench_model(
     vocab_size = len(next(value for key, value, _, _ in tokenizer if key == "tokenizer.ggml.tokens"))
 
     path = Path(path)
-    writer = gguf.GGUFWriter(path, "llama")
+    spec = {**QWEN3_MOE, **(moe or {})}
+    moe = shape == "qwen3moe"
+    if moe:
+        hidden, num_heads, num_kv_heads, head_dim = (
+            spec[k] for k in ("hidden", "num_heads", "num_kv_heads", "head_dim")
+        )
+        ffn_hidden, rope_theta, rms_eps = spec["ffn_hidden"], spec["rope_theta"], spec["rms_eps"]
+        context_length = spec["context_length"]
+    elif shape != "1b":
+        raise ValueError(f"unknown shape {shape!r}; choose 1b or qwen3moe")
+    writer = gguf.GGUFWriter(path, "qwen3moe" if moe else "llama")
     writer.add_name(path.stem)
     writer.add_file_type(FILE_TYPES[type_name])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -187,19 +249,27 @@ def write_bench_model(
     writer.add_rope_freq_base(rope_theta)
     writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(vocab_size)
+    if moe:
+        writer.add_expert_count(spec["num_experts"])
+        writer.add_expert_used_count(spec["experts_used"])
+        writer.add_expert_feed_forward_length(spec["expert_ffn"])
     for key, value, value_type, sub_type in tokenizer:
         writer.add_key_value(key, value, value_type, sub_type)
 
-    plans = plan_tensors(type_name, num_layers, vocab_size, hidden, num_heads, num_kv_heads, head_dim, ffn_hidden)
+    if moe:
+        plans = plan_moe_tensors(type_name, num_layers, vocab_size, spec)
+    else:
+        plans = plan_tensors(type_name, num_layers, vocab_size, hidden, num_heads, num_kv_heads, head_dim, ffn_hidden)
     for plan in plans:
         if plan.type_name == "F32":
             writer.add_tensor_info(plan.name, plan.shape, np.dtype(np.float32), 4 * int(np.prod(plan.shape)))
         else:
             qtype = gguf.GGMLQuantizationType[plan.type_name]
             block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
-            rows, cols = plan.shape
-            byte_shape = (rows, cols // block_size * type_size)  # the writer turns it back into [rows, cols]
-            writer.add_tensor_info(plan.name, byte_shape, np.dtype(np.uint8), rows * byte_shape[1], raw_dtype=qtype)
+            *outer, cols = plan.shape
+            byte_shape = (*outer, cols // block_size * type_size)  # the writer turns it back into the values' shape
+            size = int(np.prod(byte_shape))
+            writer.add_tensor_info(plan.name, byte_shape, np.dtype(np.uint8), size, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -208,7 +278,9 @@ def write_bench_model(
         if plan.type_name == "F32":
             writer.write_tensor_data(np.ones(plan.shape, dtype=np.float32))
         else:
-            writer.write_tensor_data(random_blocks(*plan.shape, plan.type_name, rng))
+            *outer, cols = plan.shape
+            blocks = random_blocks(int(np.prod(outer)), cols, plan.type_name, rng)
+            writer.write_tensor_data(blocks.reshape(*outer, -1))
     writer.close()
     return path
 
@@ -217,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", type=Path, help="folder for the bench-1b-<type>.gguf files")
     parser.add_argument("--types", default="Q4_K_M,Q4_0,Q8_0", help="comma-separated: Q4_K_M, Q4_0, Q8_0")
-    parser.add_argument("--layers", type=int, default=16, help="number of transformer blocks")
+    parser.add_argument("--shape", choices=("1b", "qwen3moe"), default="1b", help="Llama-3.2-1B's or Qwen3-30B-A3B's")
+    parser.add_argument("--layers", type=int, default=None, help="number of transformer blocks (16; qwen3moe: 4)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--tokenizer", type=Path, default=None, help="a GGUF file whose tokenizer.* keys to copy (default: the starter)"
@@ -230,8 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for type_name in type_names:
         start = time.perf_counter()
-        path = args.out_dir / f"bench-1b-{type_name}.gguf"
-        path = write_bench_model(path, type_name, args.layers, args.seed, tokenizer_gguf=args.tokenizer)
+        path = args.out_dir / f"bench-{args.shape}-{type_name}.gguf"
+        layers = args.layers or (4 if args.shape == "qwen3moe" else 16)
+        path = write_bench_model(path, type_name, layers, args.seed, shape=args.shape, tokenizer_gguf=args.tokenizer)
         size = path.stat().st_size
         print(f"{path}  {size / 2**20:.1f} MiB ({size} bytes)  in {time.perf_counter() - start:.1f} s")
     return 0

@@ -126,3 +126,39 @@ def test_bench_file_loads_generates_and_has_the_starters_tokenizer(tiny_files, s
     assert logits.shape == (1, 5, 49152)
     assert torch.isfinite(logits).all()
     assert results[-1]["eos"] and results[-1]["new_tokens"] == 5
+
+
+TINY_MOE = {"hidden": 256, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64, "num_experts": 8, "experts_used": 2,
+            "expert_ffn": 256, "context_length": 2048}  # fmt: skip
+
+
+def test_a_qwen3moe_file_has_llama_cpps_names_shapes_and_keys(tmp_path, starter_gguf):
+    import gguf
+
+    path = bench.write_bench_model(
+        tmp_path / "moe.gguf", "Q4_K_M", 2, shape="qwen3moe", moe=TINY_MOE, tokenizer_gguf=starter_gguf
+    )
+    reader = gguf.GGUFReader(path, "r")
+    assert reader.fields["general.architecture"].contents() == "qwen3moe"
+    assert reader.fields["qwen3moe.expert_count"].contents() == 8
+    assert reader.fields["qwen3moe.expert_used_count"].contents() == 2
+    assert reader.fields["qwen3moe.expert_feed_forward_length"].contents() == 256
+    tensors = {t.name: t for t in reader.tensors}
+    # ggml lists dimensions innermost first: [cols, rows, experts]
+    assert [int(n) for n in tensors["blk.0.ffn_gate_exps.weight"].shape] == [256, 256, 8]
+    assert [int(n) for n in tensors["blk.1.ffn_down_exps.weight"].shape] == [256, 256, 8]
+    assert tensors["blk.0.ffn_gate_inp.weight"].tensor_type.name == "F32"
+    assert tensors["blk.1.ffn_down_exps.weight"].tensor_type.name == "Q6_K"  # use_more_bits, as llama.cpp
+    assert tensors["blk.0.ffn_up_exps.weight"].tensor_type.name == "Q4_K"
+    assert {"output.weight", "blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight"} <= tensors.keys()
+
+
+def test_llama_cpp_runs_the_qwen3moe_file(tmp_path, starter_gguf):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = bench.write_bench_model(
+        tmp_path / "moe.gguf", "Q4_0", 2, shape="qwen3moe", moe=TINY_MOE, tokenizer_gguf=starter_gguf
+    )
+    model = llama_cpp.Llama(str(path), n_ctx=128, n_threads=1, verbose=False)
+    assert model.n_vocab() == 49152
+    out = model("Hello", max_tokens=3, temperature=0.0)
+    assert out["usage"]["completion_tokens"] >= 1
