@@ -1,5 +1,5 @@
 /* block32_matmul.c's 8-bit path for CPUs with AVX2 but without AVX-512 (most laptops): included there only,
-   after its Layout, KVALUES_U8 and qs_offset.
+   after its Layout, KVALUES_U8, E2M1_U and qs_offset.
 
    The same computation as the AVX512-VNNI path, to the bit: x quantized per block of 32 to int8 (the same
    rounding), the same exact integer dot product u . xq per block and weight row, and the same two float
@@ -7,8 +7,9 @@
    vpdpbusd: vpmaddubsw multiplies unsigned weight bytes by signed x bytes into int16 pairs and vpmaddwd adds
    the pairs into int32. The pairs must not saturate, so the 4- and 5-bit types (u <= 31) go in as they are,
    while Q8_0 and IQ4_NL go in as signed levels s = u - 128 (|s| * sign(x) per byte: 128 * 127 * 2 fits int16)
-   and get 128 * sum(xq) added back, giving u . xq exactly. A 256-bit register holds 8 weight rows, so each
-   16-row tile is two halves. */
+   and get 128 * sum(xq) added back, giving u . xq exactly. MXFP4's u (0 .. 24) goes in as it is, less
+   12 * sum(xq), as on the VNNI path. A 256-bit register holds 8 weight rows, so each 16-row tile is two
+   halves. */
 
 #include "avx2_bytes.h"
 
@@ -20,6 +21,14 @@ typedef struct {
     float *sums;    /* [rows, blocks]: dx * the block's sum of xq */
     int32_t *total; /* [rows, blocks]: the block's sum of xq */
 } Quantized;
+
+/* 2^(e - 128) for 8 exponent bytes (e8m0_half's bits, 8 lanes). */
+static inline __m256 e8m0_half8(const uint8_t *e) {
+    const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)e));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(x, _mm256_set1_epi32(1)), 23);
+    const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), x);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, tiny, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), x)));
+}
 
 static void quantize_rows(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k, Quantized *q, int64_t num_threads) {
     const int64_t blocks = k / QB;
@@ -48,10 +57,11 @@ static inline __attribute__((always_inline)) void block_half(const int type, con
                                                              int64_t first, int64_t rows, __m256 *acc) {
     const __m256i low4 = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KVALUES_U8));
+    const __m256i e2m1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)E2M1_U));
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     const int is_signed = type == TYPE_Q8_0 || type == TYPE_IQ4_NL;
     const uint8_t *qs = t + qs_offset(l) + 32 * half;
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 16 * half)));
+    const __m256 d = l.e8m0 ? e8m0_half8(t + 8 * half) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 16 * half)));
     __m256 c; /* w = d * u + c */
     if (l.has_min)
         c = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 32 + 16 * half)));
@@ -76,18 +86,21 @@ static inline __attribute__((always_inline)) void block_half(const int type, con
         }
         if (type == TYPE_IQ4_NL)
             for (int j = 0; j < 8; j++) sign[j] = _mm256_xor_si256(_mm256_shuffle_epi8(table, u[j]), flip);
+        if (type == TYPE_MXFP4)
+            for (int j = 0; j < 8; j++) u[j] = _mm256_shuffle_epi8(e2m1, u[j]);
     }
     if (is_signed)
         for (int j = 0; j < 8; j++) u[j] = _mm256_abs_epi8(sign[j]);
     /* dot_quads sums vpmaddubsw pairs in int16 before one vpmaddwd: |xq| <= 128, so a pair is at most
-       2 * 15 * 128 = 3840 for the 4-bit types (eight fit in int16) and 7936 for the 5-bit ones (four fit); the
-       signed types' pairs reach 32,512 and go to int32 one at a time. The int32 sum is the same integer either
-       way. */
-    const int pairs = l.has_high ? 4 : 8;
+       2 * 15 * 128 = 3840 for the 4-bit types (eight fit in int16), 7936 for the 5-bit ones (four fit) and 6144
+       for MXFP4 (four fit); the signed types' pairs reach 32,512 and go to int32 one at a time. The int32 sum is
+       the same integer either way. */
+    const int pairs = l.has_high || type == TYPE_MXFP4 ? 4 : 8;
     for (int64_t r = 0; r < rows; r++) {
         const int64_t row = first + r;
         const int8_t *xq = q->xq + row * k + b * QB;
-        __m256i dot = is_signed ? _mm256_set1_epi32(128 * q->total[row * blocks + b]) : _mm256_setzero_si256();
+        const int32_t total = q->total[row * blocks + b];
+        __m256i dot = is_signed ? _mm256_set1_epi32(128 * total) : _mm256_set1_epi32(type == TYPE_MXFP4 ? -12 * total : 0);
         if (is_signed) {
             for (int j = 0; j < 8; j++) {
                 const __m256i xj = _mm256_sign_epi8(bcast4(xq + 4 * j), sign[j]);
@@ -98,7 +111,7 @@ static inline __attribute__((always_inline)) void block_half(const int type, con
             dot = _mm256_add_epi32(dot, dot_quads(u, xq, 8, pairs));
         }
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(q->dx[row * blocks + b])), acc[r]);
-        acc[r] = _mm256_fmadd_ps(c, _mm256_set1_ps(q->sums[row * blocks + b]), acc[r]);
+        if (type != TYPE_MXFP4) acc[r] = _mm256_fmadd_ps(c, _mm256_set1_ps(q->sums[row * blocks + b]), acc[r]);
     }
 }
 
@@ -134,24 +147,26 @@ static inline __attribute__((always_inline)) void group_one_q8(const int type, c
 static void group_one(int type, const uint8_t *tiles, int64_t blocks, const Quantized *q, int64_t k, int64_t row,
                       __m256 *acc) {
     switch (type) {
-    case TYPE_Q4_0: group_one_q8(TYPE_Q4_0, (Layout){18, 0, 0}, tiles, blocks, q, k, row, acc); break;
-    case TYPE_Q4_1: group_one_q8(TYPE_Q4_1, (Layout){20, 1, 0}, tiles, blocks, q, k, row, acc); break;
-    case TYPE_Q5_0: group_one_q8(TYPE_Q5_0, (Layout){22, 0, 1}, tiles, blocks, q, k, row, acc); break;
-    case TYPE_Q5_1: group_one_q8(TYPE_Q5_1, (Layout){24, 1, 1}, tiles, blocks, q, k, row, acc); break;
-    case TYPE_Q8_0: group_one_q8(TYPE_Q8_0, (Layout){34, 0, 0}, tiles, blocks, q, k, row, acc); break;
-    default: group_one_q8(TYPE_IQ4_NL, (Layout){18, 0, 0}, tiles, blocks, q, k, row, acc); break;
+    case TYPE_Q4_0: group_one_q8(TYPE_Q4_0, (Layout){18, 0, 0, 0}, tiles, blocks, q, k, row, acc); break;
+    case TYPE_Q4_1: group_one_q8(TYPE_Q4_1, (Layout){20, 1, 0, 0}, tiles, blocks, q, k, row, acc); break;
+    case TYPE_Q5_0: group_one_q8(TYPE_Q5_0, (Layout){22, 0, 1, 0}, tiles, blocks, q, k, row, acc); break;
+    case TYPE_Q5_1: group_one_q8(TYPE_Q5_1, (Layout){24, 1, 1, 0}, tiles, blocks, q, k, row, acc); break;
+    case TYPE_Q8_0: group_one_q8(TYPE_Q8_0, (Layout){34, 0, 0, 0}, tiles, blocks, q, k, row, acc); break;
+    case TYPE_MXFP4: group_one_q8(TYPE_MXFP4, (Layout){17, 0, 0, 1}, tiles, blocks, q, k, row, acc); break;
+    default: group_one_q8(TYPE_IQ4_NL, (Layout){18, 0, 0, 0}, tiles, blocks, q, k, row, acc); break;
     }
 }
 
 static void half_any(int type, const uint8_t *tiles, int64_t blocks, const Quantized *q, int64_t k, int half,
                      int64_t first, int64_t rows, __m256 *acc) {
     switch (type) {
-    case TYPE_Q4_0: half_q8(TYPE_Q4_0, (Layout){18, 0, 0}, tiles, blocks, q, k, half, first, rows, acc); break;
-    case TYPE_Q4_1: half_q8(TYPE_Q4_1, (Layout){20, 1, 0}, tiles, blocks, q, k, half, first, rows, acc); break;
-    case TYPE_Q5_0: half_q8(TYPE_Q5_0, (Layout){22, 0, 1}, tiles, blocks, q, k, half, first, rows, acc); break;
-    case TYPE_Q5_1: half_q8(TYPE_Q5_1, (Layout){24, 1, 1}, tiles, blocks, q, k, half, first, rows, acc); break;
-    case TYPE_Q8_0: half_q8(TYPE_Q8_0, (Layout){34, 0, 0}, tiles, blocks, q, k, half, first, rows, acc); break;
-    default: half_q8(TYPE_IQ4_NL, (Layout){18, 0, 0}, tiles, blocks, q, k, half, first, rows, acc); break;
+    case TYPE_Q4_0: half_q8(TYPE_Q4_0, (Layout){18, 0, 0, 0}, tiles, blocks, q, k, half, first, rows, acc); break;
+    case TYPE_Q4_1: half_q8(TYPE_Q4_1, (Layout){20, 1, 0, 0}, tiles, blocks, q, k, half, first, rows, acc); break;
+    case TYPE_Q5_0: half_q8(TYPE_Q5_0, (Layout){22, 0, 1, 0}, tiles, blocks, q, k, half, first, rows, acc); break;
+    case TYPE_Q5_1: half_q8(TYPE_Q5_1, (Layout){24, 1, 1, 0}, tiles, blocks, q, k, half, first, rows, acc); break;
+    case TYPE_Q8_0: half_q8(TYPE_Q8_0, (Layout){34, 0, 0, 0}, tiles, blocks, q, k, half, first, rows, acc); break;
+    case TYPE_MXFP4: half_q8(TYPE_MXFP4, (Layout){17, 0, 0, 1}, tiles, blocks, q, k, half, first, rows, acc); break;
+    default: half_q8(TYPE_IQ4_NL, (Layout){18, 0, 0, 0}, tiles, blocks, q, k, half, first, rows, acc); break;
     }
 }
 

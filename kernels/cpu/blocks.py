@@ -1,6 +1,6 @@
 """Linear layers over GGUF blocks for bfloat16 x, through the C kernels: kquant_matmul.c for the K-quants
 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS: super-blocks of 256 values), block32_matmul.c for ggml's 32-value types (Q4_0, Q4_1, Q5_0,
-Q5_1, Q8_0, IQ4_NL). Both read weights repacked at load 16 rows at a time (`pack`; the layout is
+Q5_1, Q8_0, IQ4_NL, MXFP4). Both read weights repacked at load 16 rows at a time (`pack`; the layout is
 kernels/torch_ref/gguf_repack.py's, named by the type with "x16" after it, the same size as the file's).
 
 On CPUs with AVX512-VNNI both quantize x to 8 bits per block of the weight's type (256 or 32 values) and sum
@@ -42,6 +42,7 @@ TYPES = {
     "Q5_1x16": _Type("block32_matmul", 7, 32, 24, 16),
     "Q8_0x16": _Type("block32_matmul", 8, 32, 34, 16),
     "IQ4_NLx16": _Type("block32_matmul", 20, 32, 18, 16),
+    "MXFP4x16": _Type("block32_matmul", 39, 32, 17, 16),
     "Q4_Kx16": _Type("kquant_matmul", 12, 256, 144, 16),
     "Q5_Kx16": _Type("kquant_matmul", 13, 256, 176, 16),
     "Q6_Kx16": _Type("kquant_matmul", 14, 256, 210, 16),

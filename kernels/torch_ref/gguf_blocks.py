@@ -12,6 +12,7 @@ Block layouts (little-endian; "f16" is an IEEE half; "nibbles" of n bytes are al
     Q5_1    f16 d, f16 m | 4 B | 16 B               value = d * q + m
     Q8_0    f16 d | 32 int8                         value = d * q
     IQ4_NL  f16 d | 16 B nibbles                    value = d * KVALUES[q]
+    MXFP4   E8M0 e | 16 B nibbles                   value = 2^(e - 128) * E2M1_DOUBLED[q] (kernels/torch_ref/mxfp4.py)
 
 Super-blocks of 256 values, in sub-blocks of 16 (Q2_K, Q3_K, Q6_K) or 32 (the others):
 
@@ -36,10 +37,12 @@ Q3_K's mask puts the third bit of value 32j + l in bit j of byte l.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
-from kernels.torch_ref import gguf_repack
+from kernels.torch_ref import gguf_repack, mxfp4
 
 # name -> (values per block, bytes per block), ggml's block structs
 BLOCKS: dict[str, tuple[int, int]] = {
@@ -55,10 +58,11 @@ BLOCKS: dict[str, tuple[int, int]] = {
     "Q6_K": (256, 210),
     "IQ4_NL": (32, 18),
     "IQ4_XS": (256, 136),
+    "MXFP4": (32, 17),
 }
 
 # Byte offsets of each block's float16 fields (d, and m or dmin where the type has one); any bit pattern makes
-# the rest of a block valid.
+# the rest of a block valid. MXFP4's scale is an exponent byte instead (E8M0_FIELDS).
 F16_FIELDS: dict[str, tuple[int, ...]] = {
     "Q4_0": (0,),
     "Q4_1": (0, 2),
@@ -73,6 +77,8 @@ F16_FIELDS: dict[str, tuple[int, ...]] = {
     "IQ4_NL": (0,),
     "IQ4_XS": (0,),
 }
+# Byte offsets of each block's E8M0 exponent: any byte is valid, but most overflow a float32 weight.
+E8M0_FIELDS: dict[str, tuple[int, ...]] = {"MXFP4": (0,)}
 
 # The 16 non-uniform levels IQ4_NL and IQ4_XS index with a nibble (ggml's kvalues_iq4nl).
 KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
@@ -245,6 +251,7 @@ _DEQUANTIZE = {
     "Q6_K": _q6_k,
     "IQ4_NL": _iq4_nl,
     "IQ4_XS": _iq4_xs,
+    "MXFP4": mxfp4.dequantize_blocks,
 }
 
 
@@ -267,14 +274,18 @@ def dequantize(blocks: torch.Tensor, type_name: str, num_cols: int, dtype: torch
 
 def random_blocks(num_rows: int, num_cols: int, type_name: str, seed: int, scale: float = 0.02) -> torch.Tensor:
     """Random but valid blocks [num_rows, row bytes] of `type_name`, for tests and benchmarks: random bits (so
-    every high bit, sub-block scale, min and level occurs) with float16 fields uniform in [-scale, scale]."""
+    every high bit, sub-block scale, min and level occurs) with float16 fields uniform in [-scale, scale], and
+    E8M0 exponents giving block scales (2^(e - 128)) of the 7 powers of two at or below `scale`."""
     generator = torch.Generator().manual_seed(seed)
     size = row_bytes(type_name, num_cols)
     values, block_size = BLOCKS[type_name]
     blocks = torch.randint(0, 256, (num_rows * num_cols // values, block_size), dtype=torch.uint8, generator=generator)
-    for offset in F16_FIELDS[type_name]:
+    for offset in F16_FIELDS.get(type_name, ()):
         fields = (torch.rand(blocks.shape[0], generator=generator) * 2 - 1) * scale
         blocks[:, offset : offset + 2] = fields.to(torch.float16).view(torch.uint8).reshape(-1, 2)
+    top = 128 + math.floor(math.log2(scale))  # 2^(top - 128) <= scale
+    for offset in E8M0_FIELDS.get(type_name, ()):
+        blocks[:, offset] = torch.randint(top - 6, top + 1, (blocks.shape[0],), dtype=torch.uint8, generator=generator)
     return blocks.reshape(num_rows, size)
 
 

@@ -19,6 +19,7 @@ The tables below give each type's fields in tile order, with where they sit in t
     Q4_1         d | m | qs as Q4_0
     Q5_0/Q5_1    as Q4_0/Q4_1 with 8 masks before qs: [h][q], bit 4r + t = fifth bit of value 16h + 4q + t
     Q8_0         d | qs[32] in 8 quads (value 4q + t)
+    MXFP4        e (one byte a row, [r]) | qs as Q4_0
     Q4_K         d | dmin | the 12 scale bytes as 3 words | qs[128] in 32 quads (sub-block 2c low nibbles,
                  2c + 1 high, quads 8c .. 8c + 7)
     Q5_K         as Q4_K with 64 masks before qs: [c][half][q], bit 4r + t = bit 2c + half of qh byte 4q + t
@@ -69,6 +70,7 @@ LAYOUTS: dict[str, tuple[Field, ...]] = {
     "Q5_0": (_half(0), Field(2, 4, *_Q5_MASKS, bits=True), _words(6, 16)),
     "Q5_1": (_half(0), _half(2), Field(4, 4, *_Q5_MASKS, bits=True), _words(8, 16)),
     "Q8_0": (_half(0), _words(2, 32)),
+    "MXFP4": (_words(0, 1, 1), _words(1, 16)),
     "Q4_K": (_half(0), _half(2), _words(4, 12), _words(16, 128)),
     "Q5_K": (_half(0), _half(2), _words(4, 12), Field(16, 32, *_QK_MASKS, bits=True), _words(48, 128)),
     "Q6_K": (_half(208), _words(192, 16, 1), _words(0, 128), _words(128, 64)),

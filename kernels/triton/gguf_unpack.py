@@ -94,6 +94,24 @@ def _level(q):
     return v.to(tl.float32)
 
 
+@triton.jit
+def _e2m1(q):
+    """MXFP4: a code's doubled E2M1 level (kernels/torch_ref/mxfp4.py): magnitudes m = 0..3 as they are, then
+    4, 6, 8, 12 for m = 4..7, which are 2 + bit 0 shifted left by 1 + bit 1; bit 3 is the sign."""
+    m = q & 7
+    level = tl.where(m < 4, m, (2 + (m & 1)) << (1 + ((m >> 1) & 1)))
+    return tl.where(q >= 8, -level, level).to(tl.float32)
+
+
+@triton.jit
+def _e8m0_half(ptr):
+    """MXFP4: the exponent byte e at `ptr` as its block scale 2^(e - 128), built from its bits as ggml does
+    (subnormal for e < 2)."""
+    e = tl.load(ptr).to(tl.int32)
+    bits = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23)
+    return bits.to(tl.float32, bitcast=True)
+
+
 # ------------------------------------------------------------------------------------- blocks of 32 values
 #
 # A step reads NB blocks: byte tiles [BLOCK_N, NB, 16] (nibbles) or [BLOCK_N, NB, 32] (Q8_0); the low nibbles
@@ -120,7 +138,7 @@ def _fifth_bits(base):
 
 @triton.jit
 def small_blocks(acc, rows, x_rows, kb, col_stop, num_blocks, TYPE: tl.constexpr, NB: tl.constexpr, GEMV, DOT_FP32):
-    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (TYPE as gguf_matmul.TYPE_IDS): NB blocks from block kb."""
+    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 (TYPE as gguf_matmul.TYPE_IDS): NB blocks from block kb."""
     i16 = tl.arange(0, 16)
     if TYPE == 4:  # Q8_0: d | 32 int8
         base = _blocks(rows, kb, num_blocks, 34, NB)
@@ -150,10 +168,15 @@ def small_blocks(acc, rows, x_rows, kb, col_stop, num_blocks, TYPE: tl.constexpr
             a = _f16(base)
             b = _f16(base + 2)
             high = _fifth_bits(base + 4)
-        else:  # IQ4_NL: d | nibbles, value d * KVALUES[q]
+        elif TYPE == 10:  # IQ4_NL: d | nibbles, value d * KVALUES[q]
             base = _blocks(rows, kb, num_blocks, 18, NB)
             QS: tl.constexpr = 2
             a = _f16(base)
+            b = 0.0
+        else:  # MXFP4: e | nibbles, value 2^(e - 128) * E2M1_DOUBLED[q]
+            base = _blocks(rows, kb, num_blocks, 17, NB)
+            QS: tl.constexpr = 1
+            a = _e8m0_half(base)
             b = 0.0
         qs = tl.load(base[:, :, None] + QS + i16[None, None, :]).to(tl.int32)  # [BLOCK_N, NB, 16]
         for half in tl.static_range(2):  # low nibbles: columns 0..15 of each block; high: 16..31
@@ -162,7 +185,10 @@ def small_blocks(acc, rows, x_rows, kb, col_stop, num_blocks, TYPE: tl.constexpr
                 q |= ((high >> (16 * half + i16[None, None, :])) & 1) << 4
             if TYPE == 10:
                 q = _level(q)
-            acc = plane(acc, q, a, b, x_rows, kb * 32 + 16 * half, 32, col_stop, TYPE != 10, GEMV, DOT_FP32)
+            if TYPE == 12:
+                q = _e2m1(q)
+            # IQ4_NL (10) and MXFP4 (12) have no offset
+            acc = plane(acc, q, a, b, x_rows, kb * 32 + 16 * half, 32, col_stop, TYPE < 10, GEMV, DOT_FP32)
     return acc
 
 

@@ -14,7 +14,7 @@ import torch
 
 from kernels.torch_ref import gguf_blocks
 
-TYPES = list(gguf_blocks.BLOCKS)
+TYPES = list(gguf_blocks.F16_FIELDS)  # MXFP4's exponent byte: test_mxfp4.py
 
 
 def random_blocks(type_name: str, num_rows: int, num_blocks: int, seed: int) -> np.ndarray:
