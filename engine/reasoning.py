@@ -9,6 +9,9 @@ Some templates open the block themselves, so the generated text starts inside it
 writes an empty block into the prompt, so everything generated is answer. Which of these applies is read
 from the rendered prompt, not guessed from the model's name.
 
+OpenAI's gpt-oss models write theirs in harmony's analysis channel instead (engine.harmony): HarmonyFormat
+is their format, with a parser of the same interface.
+
 One parser serves the app (a "Thinking" block apart from the answer) and the server (`reasoning_content`).
 It works on text chunks as they stream, however the tags are split across them: a chunk ending in "</th"
 holds those characters back until the next chunk says whether they begin the tag. Only a block at the
@@ -19,21 +22,30 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import Any, ClassVar
+
+from engine.harmony import ANALYSIS_OPEN, END, HARMONY_STOPS, HarmonyParser, is_harmony, opens_analysis
 
 # Tag pairs reasoning models use, most common first. A template or vocabulary naming the closing tag declares
 # the pair.
 KNOWN_TAGS = (("<think>", "</think>"), ("<thinking>", "</thinking>"), ("<reasoning>", "</reasoning>"))
+# The reasoning efforts a template's `reasoning_effort` takes (gpt-oss's "Reasoning: low|medium|high").
+REASONING_EFFORTS = ("low", "medium", "high")
 
 
 @dataclasses.dataclass(frozen=True)
 class ReasoningFormat:
-    """How a model marks its reasoning: the tags around it, and whether its template reads `enable_thinking`
-    (so a chat can switch thinking off)."""
+    """How a model marks its reasoning: the tags around it, whether its template reads `enable_thinking` (so a
+    chat can switch thinking off) and `reasoning_effort` (so a chat can ask for more or less of it, one of
+    REASONING_EFFORTS). `decodes_special_tokens`: the marks are special tokens, which a job must decode for
+    the parser to see them; `stop_markers`: tokens that end a reply in this format, beside the eos tokens."""
 
     start: str = "<think>"
     end: str = "</think>"
     toggle: bool = False
+    effort: bool = False
+    decodes_special_tokens: ClassVar[bool] = False
+    stop_markers: ClassVar[tuple[str, ...]] = ()
 
     def starts_inside(self, prompt_text: str) -> bool:
         """Whether generation after `prompt_text` begins inside the reasoning block: the prompt's last tag
@@ -46,20 +58,41 @@ class ReasoningFormat:
         return ReasoningParser(self, inside=self.starts_inside(prompt_text))
 
 
+@dataclasses.dataclass(frozen=True)
+class HarmonyFormat(ReasoningFormat):
+    """gpt-oss's harmony channels (engine.harmony): the thinking is the analysis channel's messages, the answer
+    the final channel's. `start` and `end` are what an analysis message begins and ends with."""
+
+    start: str = ANALYSIS_OPEN
+    end: str = END
+    decodes_special_tokens: ClassVar[bool] = True
+    stop_markers: ClassVar[tuple[str, ...]] = HARMONY_STOPS
+
+    def starts_inside(self, prompt_text: str) -> bool:
+        return opens_analysis(prompt_text)
+
+    def parser(self, prompt_text: str = "") -> HarmonyParser:
+        return HarmonyParser(prompt_text)
+
+
 def reasoning_format(template_source: str | None, vocabulary: Any = ()) -> ReasoningFormat | None:
-    """The reasoning tags a model uses, from its chat template's source and its vocabulary (token strings; a
-    tokenizer's added tokens are enough), or None for a model that does not reason in tags."""
+    """How a model marks its reasoning, from its chat template's source and its vocabulary (token strings; a
+    tokenizer's added tokens are enough): harmony's channels, or tags; None for a model that does neither."""
     source = template_source or ""
     pieces = set(vocabulary)
+    effort = bool(re.search(r"\breasoning_effort\b", source))
+    if is_harmony(source, pieces):
+        return HarmonyFormat(effort=effort)
     for start, end in KNOWN_TAGS:
         if end in source or (start in pieces and end in pieces):
-            return ReasoningFormat(start, end, toggle=bool(re.search(r"\benable_thinking\b", source)))
+            toggle = bool(re.search(r"\benable_thinking\b", source))
+            return ReasoningFormat(start, end, toggle=toggle, effort=effort)
     return None
 
 
 def reasoning_format_of(template: Any, tokenizer: Any = None) -> ReasoningFormat | None:
     """reasoning_format from a ChatTemplate (its `source`) and a Tokenizer (its added tokens, where reasoning
-    tags live in Qwen3's and the R1 distills' vocabularies)."""
+    tags live in Qwen3's and the R1 distills' vocabularies, and harmony's markers in gpt-oss's)."""
     added = getattr(getattr(tokenizer, "backend", None), "get_added_tokens_decoder", None)
     pieces = [t.content for t in added().values()] if callable(added) else []
     return reasoning_format(getattr(template, "source", None), pieces)

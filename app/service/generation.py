@@ -5,7 +5,10 @@ It holds the engine's SamplerSettings, the seed (None = a random one per answer)
 field by name (`dry_sequence_breakers` and `disallowed_tokens` as lists, `token_bias` as {token id: bias} or
 None), "seed", "max_new_tokens", and "json_mode": true only when on (absent means off, so chats saved
 before JSON mode existed read the same). Dicts read back from JSON have string token-bias keys, and older or
-partial dicts lack fields: `from_dict` / `complete_settings` take both.
+partial dicts lack fields: `from_dict` / `complete_settings` take both. A chat's own switches sit beside
+the preset's fields in its dict, each written only when set: "thinking" (enable_thinking), "overflow" and
+"reasoning_effort" (a reasoning model's "low", "medium" or "high"); a new preset keeps them
+(`with_chat_switches`).
 
     store / panel dict --from_dict--> GenerationSettings --sampler()--> engine SamplerSettings
                        <--to_dict---                    --seed, max_new_tokens, json_mode--> the job
@@ -21,6 +24,7 @@ from typing import Any
 
 from engine import SamplerSettings
 from engine.chat.overflow import OverflowPolicy
+from engine.reasoning import REASONING_EFFORTS
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +55,15 @@ class GenerationSettings:
     json_mode: bool = False  # hold the answer to one JSON object
     thinking: bool | None = None  # a reasoning model's enable_thinking (template variable); None: its default
     overflow: str | None = None  # a chat longer than the context (OVERFLOW_POLICIES); None: the app's default
+    # a reasoning model's reasoning_effort (template variable, one of REASONING_EFFORTS); None: its default
+    reasoning_effort: str | None = None
 
     def __post_init__(self) -> None:
+        if self.reasoning_effort is not None and self.reasoning_effort not in REASONING_EFFORTS:
+            raise ValueError(
+                f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)} (or None for the model's default), "
+                f"got {self.reasoning_effort!r}"
+            )
         if self.overflow is not None:
             object.__setattr__(self, "overflow", OverflowPolicy.parse(self.overflow).value)
         if self.seed is not None and not 0 <= int(self.seed) <= MAX_SEED:
@@ -65,6 +76,16 @@ class GenerationSettings:
         if name in SAMPLER_FIELDS:
             return getattr(self.sampling, name)
         raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
+
+    def template_options(self) -> dict[str, Any]:
+        """The chat template variables these settings set: enable_thinking (Qwen3-style templates) and
+        reasoning_effort (gpt-oss's), each only when the chat chose one."""
+        options: dict[str, Any] = {}
+        if self.thinking is not None:
+            options["enable_thinking"] = self.thinking
+        if self.reasoning_effort is not None:
+            options["reasoning_effort"] = self.reasoning_effort
+        return options
 
     def sampler(self) -> SamplerSettings:
         """The engine's SamplerSettings (a copy: SamplerSettings is mutable, this value is not)."""
@@ -94,6 +115,7 @@ class GenerationSettings:
             json_mode=has_json_mode(settings),
             thinking=thinking_of(settings),
             overflow=overflow_of(settings),
+            reasoning_effort=effort_of(settings),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -107,6 +129,8 @@ class GenerationSettings:
             out["thinking"] = self.thinking
         if self.overflow is not None:
             out["overflow"] = self.overflow
+        if self.reasoning_effort is not None:
+            out["reasoning_effort"] = self.reasoning_effort
         return out
 
 
@@ -179,6 +203,32 @@ def with_overflow(settings: Mapping[str, Any] | None, policy: str | None) -> dic
     if policy is not None:
         out["overflow"] = OverflowPolicy.parse(policy).value
     return out
+
+
+def effort_of(settings: Mapping[str, Any] | None) -> str | None:
+    """A stored settings dict's reasoning effort (one of REASONING_EFFORTS), or None (absent or unknown: the
+    model's default). Like the thinking switch it is the chat's own, kept beside the preset's fields."""
+    value = (settings or {}).get("reasoning_effort")
+    return value if value in REASONING_EFFORTS else None
+
+
+def with_effort(settings: Mapping[str, Any] | None, effort: str | None) -> dict[str, Any]:
+    """A stored settings dict with the reasoning effort set (None removes it: the model's default)."""
+    out = {k: v for k, v in (settings or {}).items() if k != "reasoning_effort"}
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise ValueError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}")
+        out["reasoning_effort"] = effort
+    return out
+
+
+def with_chat_switches(settings: Mapping[str, Any] | None, chat_settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`settings` (a preset's, the panel's) with the chat's own switches taken from its stored `chat_settings`:
+    JSON mode, thinking, overflow policy and reasoning effort, which a preset never changes."""
+    out = with_json_mode(settings, has_json_mode(chat_settings))
+    out = with_thinking(out, thinking_of(chat_settings))
+    out = with_overflow(out, overflow_of(chat_settings))
+    return with_effort(out, effort_of(chat_settings))
 
 
 def sampler_settings(settings: Mapping[str, Any]) -> SamplerSettings:

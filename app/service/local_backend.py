@@ -123,7 +123,7 @@ class LocalBackend:
         embeddings = await self.embed_images(images) if images else None
         if self._loaded is not loaded:
             raise ModelSwapped(f"{loaded.name} was replaced while the images were being read")
-        options = {"enable_thinking": settings.thinking} if settings.thinking is not None else {}
+        options = settings.template_options()
         answer = AnswerOptions(
             settings=settings.sampler(),
             max_new_tokens=settings.max_new_tokens,

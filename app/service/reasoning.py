@@ -8,6 +8,8 @@ tags included, with its format in the stats:
     stats["reasoning"] = {"start": "<think>", "end": "</think>", "inside": false}   (inside: the prompt
     opened the block)   and   stats["thinking_seconds"] = 12.3
 
+A gpt-oss answer is kept with harmony's markers (engine.harmony) and "kind": "harmony" beside them.
+
 so a chat reopened under another model still shows its thinking apart, and the history sent next turn
 leaves the thinking out, as reasoning models' templates expect.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine.reasoning import ReasoningFormat, split_reasoning
+from engine.reasoning import HarmonyFormat, ReasoningFormat, split_reasoning
 
 THINK = ReasoningFormat()  # <think>...</think>, what reasoning models use unless their template says otherwise
 
@@ -25,13 +27,16 @@ THINK = ReasoningFormat()  # <think>...</think>, what reasoning models use unles
 def stored_format(stats: Mapping[str, Any] | None) -> tuple[ReasoningFormat, bool]:
     """(format, inside) kept with an answer; the <think> tags, not inside, for an answer that kept none."""
     kept = (stats or {}).get("reasoning")
+    if isinstance(kept, Mapping) and kept.get("kind") == "harmony":
+        return HarmonyFormat(), kept.get("inside") is True
     if isinstance(kept, Mapping) and isinstance(kept.get("start"), str) and isinstance(kept.get("end"), str):
         return ReasoningFormat(kept["start"], kept["end"]), kept.get("inside") is True
     return THINK, False
 
 
 def format_stats(fmt: ReasoningFormat, inside: bool) -> dict[str, Any]:
-    return {"reasoning": {"start": fmt.start, "end": fmt.end, "inside": inside}}
+    kind = {"kind": "harmony"} if isinstance(fmt, HarmonyFormat) else {}
+    return {"reasoning": {"start": fmt.start, "end": fmt.end, "inside": inside, **kind}}
 
 
 def split(text: str, fmt: ReasoningFormat | None, inside: bool = False) -> tuple[str, str]:

@@ -44,9 +44,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 120.0  # seconds to connect, and between two pieces of a reply (a long prompt's prefill)
 
-# Sampler fields beyond OpenAI's that vLLM, SGLang and our own server take (llama-server names the
-# penalty repeat_penalty). Sent only when they change something; dropped for a server that refuses them.
-OPTIONAL_FIELDS = ("top_k", "min_p", "repetition_penalty", "repeat_penalty", "chat_template_kwargs")
+# Fields not every server takes: sampler fields beyond OpenAI's that vLLM, SGLang and our own server take
+# (llama-server names the penalty repeat_penalty), template variables, and reasoning_effort (OpenAI's own, which
+# its non-reasoning models refuse). Sent only when they change something; dropped for a server that refuses them.
+OPTIONAL_FIELDS = ("top_k", "min_p", "repetition_penalty", "repeat_penalty", "chat_template_kwargs", "reasoning_effort")
 
 
 class RemoteBackend:
@@ -262,6 +263,8 @@ class RemoteBackend:
             body["response_format"] = {"type": "json_object"}
         if settings.thinking is not None:  # vLLM's and Tandem's servers pass these to the chat template
             body["chat_template_kwargs"] = {"enable_thinking": settings.thinking}
+        if settings.reasoning_effort is not None:  # OpenAI's field; vLLM and Tandem pass it to the template
+            body["reasoning_effort"] = settings.reasoning_effort
         return body
 
     def _remember_optional_refused(self) -> None:

@@ -40,6 +40,7 @@ from app.service.generation import (
     has_json_mode,
     overflow_of,
     thinking_of,
+    with_chat_switches,
     with_json_mode,
     with_overflow,
     with_thinking,
@@ -50,6 +51,7 @@ from app.ui.answer_saves import RETRY_INTERVAL_MS, PendingSaves
 from app.ui.chat_answer import ChatAnswer, Extension, conversation, conversation_ids
 from app.ui.chat_attaching import AttachingImages
 from app.ui.chat_draft import KeepingDraft
+from app.ui.chat_effort import ChoosingEffort
 from app.ui.chat_tab_ui import build_chat_tab
 from app.ui.message_view import MessageWidget
 
@@ -61,7 +63,7 @@ DEFAULT_TITLE = "New chat"
 _TITLE_LENGTH = 48
 
 
-class ChatTab(AttachingImages, KeepingDraft, QWidget):
+class ChatTab(AttachingImages, KeepingDraft, ChoosingEffort, QWidget):
     """One open chat. `send()` / `stop()` / `regenerate()` / `begin_edit()` drive it; signals tell the window."""
 
     title_changed = Signal(int, str)
@@ -148,8 +150,8 @@ class ChatTab(AttachingImages, KeepingDraft, QWidget):
         return complete_settings(self.chat.settings)
 
     def set_settings(self, settings: dict[str, Any]) -> None:
-        """Use and save `settings` for this chat's next answers; the chat keeps its JSON mode and thinking switch."""
-        kept = with_overflow(with_thinking(with_json_mode(settings, self.json_mode), self.thinking), self.overflow)
+        """Use and save `settings` for this chat's next answers; the chat keeps its own switches (JSON mode etc.)."""
+        kept = with_chat_switches(settings, self.chat.settings)
         self.store.update_chat(self.chat_id, settings=kept)
         self.chat = self.store.get_chat(self.chat_id)
 
@@ -238,6 +240,7 @@ class ChatTab(AttachingImages, KeepingDraft, QWidget):
     def _update_thinking_box(self) -> None:
         fmt = getattr(self.backend, "reasoning_format", None)
         self.thinking_box.setVisible(bool(fmt is not None and fmt.toggle))  # only where the template reads it
+        self._update_effort_box()
 
     def _update_controls(self) -> None:
         streaming = self.is_streaming

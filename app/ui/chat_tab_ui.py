@@ -5,7 +5,7 @@ the tab's (app/ui/chat_tab.py), where they sit is here.
     messages (MessageView), or while the chat is empty the welcome (app/ui/welcome.py) in its place
     notice (an error the user should read) [its action] [x]
     attachments strip
-    input                                   [JSON mode]
+    input                                   [JSON mode / Think / Effort]  (Think, Effort: where the template has them)
     [Attach image…] [context meter.................] [Stop] [Send]
 """
 
@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.ui.attachments import AttachmentStrip
+from app.ui.chat_effort import build_effort_box
 from app.ui.chat_input import ChatInput
 from app.ui.context_meter import ContextMeter
 from app.ui.message_view import MessageView
@@ -105,10 +106,12 @@ def build_chat_tab(tab: Any) -> None:
     )
     tab.thinking_box.setChecked(tab.thinking is not False)
     tab.thinking_box.toggled.connect(tab.set_thinking)
+    tab.effort_box = build_effort_box(tab)
     # Beside the input rather than in the button row below, which sets the window's minimum width.
     toggles = QVBoxLayout()
     toggles.addWidget(tab.json_mode_box)
     toggles.addWidget(tab.thinking_box)
+    toggles.addWidget(tab.effort_box)
     toggles.addStretch()
     input_row = QHBoxLayout()
     input_row.addWidget(tab.input, 1)

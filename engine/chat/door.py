@@ -30,7 +30,7 @@ from engine.chat.request import AnswerOptions, ChatRequest
 from engine.chat_template import ChatTemplate
 from engine.generator.dynamic_async import DynamicGeneratorAsync, DynamicJobAsync
 from engine.generator.filters import JSONFilter
-from engine.reasoning import reasoning_format_of
+from engine.reasoning import ReasoningFormat, reasoning_format_of
 from engine.vision.embedding import MMEmbedding
 from engine.vision.image import ImageSource, decode_image
 from engine.vision.prompt import DEFAULT_PLACEHOLDER, count_images
@@ -84,7 +84,7 @@ class ChatFrontDoor:
         self.images = EmbeddingCache(image_cache_size)
         # How the model marks its thinking (from its template and vocabulary), None when it does not.
         self.reasoning = reasoning_format_of(template, tokenizer)
-        self.stop_token_ids = sorted(tokenizer.eos_token_ids)
+        self.stop_token_ids = sorted(set(tokenizer.eos_token_ids) | _format_stops(self.reasoning, tokenizer))
         self._vision_lock = threading.Lock()  # the tower is not re-entrant; the app and its server share a door
         self._json_filter: JSONFilter | None = None  # built on first use (llguidance compiles the grammar)
 
@@ -217,6 +217,7 @@ class ChatFrontDoor:
         and max_new_tokens past its max_seq_len, a stop string that is no text) and GeneratorClosedError
         for a generator that has closed."""
         unique = list({id(e): e for e in images}.values())  # an image sent twice is spliced once
+        reasoning = self.reasoning if answer.split_reasoning else None
         filters = list(answer.filters)
         if answer.json_mode:
             if self._json_filter is None:
@@ -236,10 +237,20 @@ class ChatFrontDoor:
             filter_prefer_eos=answer.json_mode,
             identifier=answer.identifier,
             embeddings=unique or None,
-            reasoning=self.reasoning if answer.split_reasoning else None,
+            reasoning=reasoning,
+            # Harmony's channels are special tokens: the job's text keeps them for the parser, which leaves
+            # them out of the reasoning and answer it gives.
+            decode_special_tokens=reasoning is not None and reasoning.decodes_special_tokens,
             prompt_penalties=answer.prompt_penalties,
             priority=answer.priority,
         )
+
+
+def _format_stops(fmt: ReasoningFormat | None, tokenizer: Any) -> set[int]:
+    """Tokens that end a reply in the model's reasoning format beside the tokenizer's eos (harmony's <|return|>
+    and <|call|>, which a GGUF of gpt-oss does not name as end tokens)."""
+    ids = (tokenizer.piece_to_id(marker) for marker in (fmt.stop_markers if fmt is not None else ()))
+    return {i for i in ids if i is not None}
 
 
 def _images_of(kept: Sequence[Mapping[str, Any]], messages: Sequence[Mapping[str, Any]], images: Sequence) -> list:

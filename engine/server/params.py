@@ -3,7 +3,8 @@
 Defaults are OpenAI's (temperature 1, top_p 1, no top-k, no penalties), not the engine's sampler defaults:
 an API client that sends only `messages` expects what OpenAI would do with them. temperature 0 is greedy,
 exactly as `python -m engine generate --greedy`. Extensions that vLLM's server also takes: top_k, min_p,
-repetition_penalty, min_tokens.
+repetition_penalty, min_tokens. `reasoning_effort` (OpenAI's, for reasoning models) becomes the chat template
+variable of that name, which gpt-oss's template writes into its system message.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from engine.generator.filters import Filter, JSONFilter
 from engine.generator.sampler import SamplerSettings
+from engine.reasoning import REASONING_EFFORTS
 from engine.server.errors import bad_request
 
 MAX_STOP_STRINGS = 16
@@ -45,7 +47,8 @@ class Generation:
 class ChatRequest:
     generation: Generation
     messages: list[Any]  # as sent; engine.server.messages reads them
-    template_options: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs, e.g. enable_thinking
+    # chat_template_kwargs (e.g. enable_thinking) and reasoning_effort
+    template_options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,9 @@ def chat_request(body: Any) -> ChatRequest:
     _no_tools(f)
     generation = _generation(f, max_completion if max_completion is not None else max_tokens, logprobs, top)
     options = _template_options(f.get("chat_template_kwargs"))
+    effort = _reasoning_effort(f.get("reasoning_effort"), options)
+    if effort is not None:
+        options["reasoning_effort"] = effort
     f.done()
     return ChatRequest(generation, messages, options)
 
@@ -231,6 +237,24 @@ def _template_options(value: Any) -> dict[str, Any]:
                 f"chat_template_kwargs.{name} must be a string, number, boolean or null.", "chat_template_kwargs"
             )
     return dict(value)
+
+
+def _reasoning_effort(value: Any, options: dict[str, Any]) -> str | None:
+    """reasoning_effort (how long a reasoning model thinks), one of REASONING_EFFORTS; chat_template_kwargs may
+    set the same variable, but not to another value."""
+    if value is None:
+        return None
+    if value not in REASONING_EFFORTS:
+        raise bad_request(
+            f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {value!r}.", "reasoning_effort"
+        )
+    if options.get("reasoning_effort", value) != value:
+        raise bad_request(
+            f"reasoning_effort ({value!r}) and chat_template_kwargs.reasoning_effort "
+            f"({options['reasoning_effort']!r}) disagree; send one of them.",
+            "reasoning_effort",
+        )
+    return value
 
 
 def _stream_options(value: Any, stream: bool) -> bool:
