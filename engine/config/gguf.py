@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from engine.config.model import ModelConfig
 from engine.errors import CorruptFileError, ModelLoadError, UnsupportedArchitectureError
 from engine.gguf.file import GGUFFile
+from engine.harmony import CHANNEL, HARMONY_STOPS
 
 # GGUF `general.architecture` -> the Hugging Face class name the engine's registry knows.
 # Mistral GGUFs say "llama": llama.cpp converts them with the Llama converter.
@@ -25,6 +27,8 @@ ARCHITECTURES = {
     # Gemma 3's language model (also inside Gemma3ForConditionalGeneration); the keys only Gemma reads are
     # `gemma3_text_keys`, the norms' +1 the converter adds is undone at load (engine/gguf/names.py).
     "gemma3": "Gemma3ForCausalLM",
+    # Qwen3-MoE: qwen3's layers with experts in every one (`qwen3moe_keys`).
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
 
 
@@ -94,9 +98,7 @@ def _config_from_metadata(path: Path, arch: str, metadata: dict[str, Any], tenso
         "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-6),
         "rope_theta": get("rope.freq_base", 10000.0),
         "max_position_embeddings": get("context_length", 2048),
-        "rope_scaling": _rope_scaling(
-            path, get("rope.scaling.type"), get("rope.scaling.factor"), get("rope.scale_linear")
-        ),
+        "rope_scaling": _rope_scaling(path, arch, get),
         "tie_word_embeddings": "output.weight" not in tensors,
         "attention_bias": "blk.0.attn_q.bias" in tensors,
         "mlp_bias": "blk.0.ffn_up.bias" in tensors,
@@ -107,6 +109,8 @@ def _config_from_metadata(path: Path, arch: str, metadata: dict[str, Any], tenso
     }
     if arch == "gemma3":
         hf |= gemma3_text_keys(metadata)
+    if arch == "qwen3moe":
+        hf |= qwen3moe_keys(get)
     try:
         return ModelConfig.from_hf_dict(hf, architecture=ARCHITECTURES[arch])
     except ModelLoadError as e:
@@ -142,23 +146,78 @@ def gemma3_text_keys(metadata: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _rope_scaling(path: Path, kind: str | None, factor: float | None, legacy_factor: float | None) -> dict | None:
+def qwen3moe_keys(get: Callable[..., Any]) -> dict[str, Any]:
+    """The Qwen3MoeConfig expert keys of a `qwen3moe` GGUF (`get` reads `qwen3moe.*`, failing on an absent required
+    key), as llama.cpp's runtime reads the file (src/models/qwen3moe.cpp): every layer sparse, the top-k weights
+    renormalised (its graph fixes both; the file has no keys for them)."""
+    return {
+        "num_experts": get("expert_count", required=True),
+        "num_experts_per_tok": get("expert_used_count", required=True),
+        "moe_intermediate_size": get("expert_feed_forward_length", required=True),
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    }
+
+
+# yarn GGUFs whose config.json said `truncate: false` (the file cannot say it; llama.cpp's runtime always rounds the
+# ramp's ends to whole dimensions): read as transformers reads the config they came from.
+_YARN_UNTRUNCATED = {"gpt-oss"}
+
+
+def _rope_scaling(path: Path, arch: str, get: Callable[..., Any]) -> dict | None:
+    """The Hugging Face `rope_scaling` of llama.cpp's `{arch}.rope.scaling.*` keys."""
+    kind, factor = get("rope.scaling.type"), get("rope.scaling.factor")
+    if get("attention.temperature_scale"):
+        # Ministral 3 (llama_4_scaling_beta): queries grow with log(position / original context).
+        raise ModelLoadError(
+            f"{path} scales queries by position ({arch}.attention.temperature_scale), which Tandem does not "
+            "implement. Use a GGUF of a model without it."
+        )
     if kind in (None, "none"):
         # Old files wrote only `rope.scale_linear`; llama.cpp still reads it as linear scaling.
+        legacy_factor = get("rope.scale_linear")
         return {"rope_type": "linear", "factor": legacy_factor} if legacy_factor not in (None, 1.0) else None
     if kind == "linear":
         return {"rope_type": "linear", "factor": 1.0 if factor is None else factor}
-    raise ModelLoadError(
-        f"{path} uses {kind!r} rope scaling, which Tandem does not implement (it supports linear and "
-        "llama3-style frequency factors). Use a GGUF of the model without that context extension."
-    )
+    if kind != "yarn":
+        raise ModelLoadError(
+            f"{path} uses {kind!r} rope scaling, which Tandem does not implement (it supports linear, yarn and "
+            "llama3-style frequency factors). Use a GGUF of the model without that context extension."
+        )
+    if factor is None:
+        raise CorruptFileError(
+            f"{path} uses yarn rope scaling without {arch}.rope.scaling.factor, so its frequencies are unknown. "
+            "The file is incomplete; get another copy."
+        )
+    # The converter copies these from config.json's rope_parameters, and they are read back as transformers reads
+    # that (llama.cpp's runtime reads the betas for mistral3 only, and recomputes the attention factor). Absent ones
+    # take transformers' defaults; the original context is then `context_length`, as in llama.cpp.
+    scaling: dict[str, Any] = {"rope_type": "yarn", "factor": factor}
+    keys = {
+        "original_max_position_embeddings": "rope.scaling.original_context_length",
+        "beta_fast": "rope.scaling.yarn_beta_fast",
+        "beta_slow": "rope.scaling.yarn_beta_slow",
+        "attention_factor": "rope.scaling.yarn_attn_factor",
+    }
+    scaling |= {name: get(key) for name, key in keys.items() if get(key) is not None}
+    if log_multiplier := get("rope.scaling.yarn_log_multiplier"):
+        # llama.cpp reads it as mscale_all_dim beside an mscale of 1 (DeepSeek-2's 0.1x spelling is not read here).
+        scaling |= {"mscale": 1.0, "mscale_all_dim": log_multiplier}
+    if arch in _YARN_UNTRUNCATED:
+        scaling["truncate"] = False
+    return scaling
 
 
 def _eos_ids(metadata: dict[str, Any]) -> list[int]:
-    """eos plus llama.cpp's end-of-turn / end-of-message ids, which end a chat reply just the same."""
+    """eos plus llama.cpp's end-of-turn / end-of-message ids, which end a chat reply just the same, and in a
+    harmony vocabulary (gpt-oss) <|return|> and <|call|>, which llama.cpp ends a reply at by their text."""
     ids: list[int] = []
     for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
         value = metadata.get(key)
         if isinstance(value, int) and value not in ids:
             ids.append(value)
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and CHANNEL in tokens:
+        ids += [tokens.index(t) for t in HARMONY_STOPS if t in tokens and tokens.index(t) not in ids]
     return ids

@@ -7,6 +7,7 @@ GGUF metadata is mapped to the same keys by engine/config/gguf.py.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -17,20 +18,28 @@ from engine.errors import CorruptFileError, MissingFileError, ModelLoadError, Un
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Rotary-embedding frequency scaling, as HF `rope_scaling` describes it."""
+    """Rotary-embedding frequency scaling, as HF `rope_scaling` describes it.
 
-    rope_type: str  # "default", "linear" or "llama3"
+    yarn (YaRN) blends interpolated (divided by `factor`) and original frequencies by a ramp between the
+    dimensions that turn `beta_fast` and `beta_slow` times within the original context, and multiplies cos and
+    sin by `attention_factor` (resolved here from `mscale` / `mscale_all_dim` when the config does not give it)."""
+
+    rope_type: str  # "default", "linear", "llama3" or "yarn"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True  # yarn: round the ramp's ends to whole dimensions (gpt-oss says false)
+    attention_factor: float = 1.0  # scale on cos and sin (yarn); 1 for the other types
 
-    SUPPORTED = ("default", "linear", "llama3")
+    SUPPORTED = ("default", "linear", "llama3", "yarn")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None, max_position_embeddings: int = 8192) -> RopeScaling | None:
-        """Parse `rope_scaling` / `rope_parameters`; llama3's original context defaults to
-        `max_position_embeddings`, as transformers fills it in."""
+        """Parse `rope_scaling` / `rope_parameters`; the original context defaults to `max_position_embeddings`,
+        and yarn's other keys to transformers' defaults, as transformers fills them in."""
         if not d:
             return None
         rope_type = d.get("rope_type", d.get("type", "default"))
@@ -43,13 +52,49 @@ class RopeScaling:
             )
         if rope_type == "default":
             return None
+        original = int(d.get("original_max_position_embeddings") or max_position_embeddings)
+        if rope_type == "yarn":
+            return cls._yarn(d, original, max_position_embeddings)
         return cls(
             rope_type=rope_type,
             factor=float(d.get("factor", 1.0)),
             low_freq_factor=float(d.get("low_freq_factor", 1.0)),
             high_freq_factor=float(d.get("high_freq_factor", 4.0)),
-            original_max_position_embeddings=int(d.get("original_max_position_embeddings") or max_position_embeddings),
+            original_max_position_embeddings=original,
         )
+
+    @classmethod
+    def _yarn(cls, d: dict[str, Any], original: int, max_position_embeddings: int) -> RopeScaling:
+        if "factor" not in d:
+            raise ModelLoadError(
+                "rope_scaling of type 'yarn' has no 'factor' (how many times the original context it stretches "
+                "to); config.json is incomplete. Add it, e.g. max_position_embeddings / "
+                "original_max_position_embeddings."
+            )
+        # A null factor is that ratio (DeepSeek-V3's convention in transformers).
+        factor = float(d["factor"] if d["factor"] is not None else max_position_embeddings / original)
+        attention_factor = d.get("attention_factor")
+        if attention_factor is None:
+            mscale, mscale_all_dim = d.get("mscale"), d.get("mscale_all_dim")
+            if mscale and mscale_all_dim:  # DeepSeek: the ratio of two magnitudes
+                attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+            else:
+                attention_factor = _yarn_mscale(factor)
+        return cls(
+            rope_type="yarn",
+            factor=factor,
+            original_max_position_embeddings=original,
+            # transformers reads a missing or zero beta as the paper's default.
+            beta_fast=float(d.get("beta_fast") or 32.0),
+            beta_slow=float(d.get("beta_slow") or 1.0),
+            truncate=bool(d.get("truncate", True)),
+            attention_factor=float(attention_factor),
+        )
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for stretching the context `factor` times: 0.1 * mscale * ln(factor) + 1."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from engine.models.decode_plan import DecodePlan
 from engine.models.embedding import Embedding
 from engine.models.layers import Attention, GatedMLP, RMSNorm
 from engine.models.linear import Linear
-from engine.models.rope import RotaryTable, inverse_frequencies
+from engine.models.rope import RotaryTable
 
 # Our fused parameters and the checkpoint tensors they concatenate (on the output dimension).
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -63,7 +63,7 @@ class LlamaForCausalLM(Model):
         super().__init__(config)
         self.model = _Body(config, *self.projection_biases(config))
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.rope = RotaryTable(inverse_frequencies(config, rope_freq_factors))
+        self.rope = RotaryTable.for_config(config, rope_freq_factors)
 
     @staticmethod
     def projection_biases(config: ModelConfig) -> tuple[bool, bool]:

@@ -1,4 +1,4 @@
-"""Rotary embedding tables: inverse frequencies (with linear/llama3 scaling) and per-position cos/sin."""
+"""Rotary embedding tables: inverse frequencies (with linear/llama3/yarn scaling) and per-position cos/sin."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from engine.config.model import ModelConfig
+from engine.config.model import ModelConfig, RopeScaling
 
 
 def inverse_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
@@ -28,19 +28,49 @@ def inverse_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None =
         inv = torch.where(
             wavelen > low_wavelen, inv / scaling.factor, torch.where(wavelen < high_wavelen, inv, blended)
         )
+    elif scaling is not None and scaling.rope_type == "yarn":
+        inv = _yarn(inv, dim, config.rope_theta, scaling)
     if freq_factors is not None:
         # GGUF files store llama3-style scaling as explicit per-frequency divisors.
         inv = inv / freq_factors.to(torch.float64)
     return inv.float()
 
 
-class RotaryTable:
-    """cos/sin for positions 0..n, grown on demand (decided from host-side lengths, never by a device sync)."""
+def _yarn(inv: torch.Tensor, dim: int, base: float, scaling: RopeScaling) -> torch.Tensor:
+    """YaRN: frequencies that turn more than `beta_fast` times within the original context are kept
+    (extrapolated), those turning fewer than `beta_slow` times are divided by `factor` (interpolated), and a
+    linear ramp over the frequency index blends the band between (transformers' `_compute_yarn_parameters`)."""
 
-    def __init__(self, inv_freq: torch.Tensor):
+    def index_turning(turns: float) -> float:  # the frequency index that turns `turns` times in the context
+        return dim * math.log(scaling.original_max_position_embeddings / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = index_turning(scaling.beta_fast), index_turning(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # a one-index ramp, not a division by zero
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64, device="cpu") - low) / (high - low)).clamp(0, 1)
+    return inv / scaling.factor * ramp + inv * (1 - ramp)
+
+
+class RotaryTable:
+    """cos/sin for positions 0..n, grown on demand (decided from host-side lengths, never by a device sync).
+
+    Both are multiplied by `attention_factor` (yarn's magnitude correction, 1 otherwise), as transformers does:
+    every attention that takes its cos/sin from here, prompt, decode plan or kernel, gets it."""
+
+    def __init__(self, inv_freq: torch.Tensor, attention_factor: float = 1.0):
         self.inv_freq = inv_freq
+        self.attention_factor = attention_factor
         self.cos = torch.empty(0)
         self.sin = torch.empty(0)
+
+    @classmethod
+    def for_config(cls, config: ModelConfig, freq_factors: torch.Tensor | None = None) -> RotaryTable:
+        """The table of `config`'s rope: its frequencies and, under yarn, its attention factor."""
+        scaling = config.rope_scaling
+        return cls(inverse_frequencies(config, freq_factors), 1.0 if scaling is None else scaling.attention_factor)
 
     def lookup(
         self, positions: torch.Tensor, max_position: int, dtype: torch.dtype
@@ -51,7 +81,9 @@ class RotaryTable:
             t = torch.arange(n, dtype=torch.float32, device=positions.device)
             freqs = torch.outer(t, self.inv_freq.to(positions.device))
             emb = torch.cat((freqs, freqs), dim=-1)  # [n, head_dim]
-            self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+            # Scaled in float32 before the cast, as transformers does.
+            factor = self.attention_factor
+            self.cos, self.sin = (emb.cos() * factor).to(dtype), (emb.sin() * factor).to(dtype)
         return self.cos[positions], self.sin[positions]
 
 
@@ -60,8 +92,8 @@ class MultimodalRotaryTable(RotaryTable):
     frequencies turns by one row's position. `sections` lists the bands' sizes in frequencies; band i
     reads row i % 3. One-row positions mean all three rows are equal, which is plain RoPE."""
 
-    def __init__(self, inv_freq: torch.Tensor, sections: list[int]):
-        super().__init__(inv_freq)
+    def __init__(self, inv_freq: torch.Tensor, sections: list[int], attention_factor: float = 1.0):
+        super().__init__(inv_freq, attention_factor)
         if sum(sections) != inv_freq.numel():
             raise ValueError(f"mrope_section {sections} must add up to {inv_freq.numel()} (head_dim / 2)")
         rows = [i % 3 for i, size in enumerate(sections) for _ in range(size)]

@@ -28,7 +28,7 @@ from engine.models.batch import Batch
 from engine.models.embedding import Embedding
 from engine.models.layers import Attention
 from engine.models.linear import Linear
-from engine.models.rope import RotaryTable, inverse_frequencies
+from engine.models.rope import RotaryTable
 from engine.vision.layers import activation
 from kernels import ops
 
@@ -119,7 +119,7 @@ def _rope_settings(d: dict[str, Any], layer_type: str) -> RopeSettings:
 
 
 def _rotary(config: ModelConfig, rope: RopeSettings) -> RotaryTable:
-    return RotaryTable(inverse_frequencies(replace(config, rope_theta=rope.theta, rope_scaling=rope.scaling)))
+    return RotaryTable.for_config(replace(config, rope_theta=rope.theta, rope_scaling=rope.scaling))
 
 
 class GemmaRMSNorm(nn.Module):

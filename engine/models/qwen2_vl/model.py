@@ -100,7 +100,8 @@ class Qwen2VLForConditionalGeneration(VisionLanguageModel):
         self.mrope_section = _mrope_section(extra)
         try:
             inv_freq = inverse_frequencies(self.language_model.config)
-            self.language_model.rope = MultimodalRotaryTable(inv_freq, self.mrope_section)
+            factor = self.language_model.rope.attention_factor  # yarn's scale on cos and sin, 1 without
+            self.language_model.rope = MultimodalRotaryTable(inv_freq, self.mrope_section, factor)
         except ValueError as e:
             raise ModelLoadError(f"config.json rope_scaling: {e}; config.json is inconsistent.") from None
 

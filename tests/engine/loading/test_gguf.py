@@ -376,9 +376,9 @@ def test_missing_metadata_key(gguf_kit):
 
 def test_unsupported_rope_scaling(gguf_kit):
     written = gguf_kit.write(
-        gguf_kit.model("Qwen3ForCausalLM", **QWEN3), extra_metadata={"qwen3.rope.scaling.type": "yarn"}
+        gguf_kit.model("Qwen3ForCausalLM", **QWEN3), extra_metadata={"qwen3.rope.scaling.type": "longrope"}
     )
-    with pytest.raises(ModelLoadError, match="'yarn' rope scaling"):
+    with pytest.raises(ModelLoadError, match="'longrope' rope scaling"):
         load_gguf(written.path)
 
 

@@ -92,10 +92,10 @@ def test_unsupported_architecture_is_named_with_the_supported_list(copy):
 
 def test_unsupported_rope_scaling_type(copy):
     cfg = json.loads((copy / "config.json").read_text())
-    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    cfg["rope_scaling"] = {"rope_type": "longrope", "factor": 4.0}
     cfg.pop("rope_parameters", None)
     (copy / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelLoadError, match="yarn"):
+    with pytest.raises(ModelLoadError, match="longrope"):
         Model.load(copy)
 
 

@@ -174,7 +174,7 @@ def test_transformers_4_config_keys_give_the_same_model(pair, tmp_path):
             {"layer_types": ["sliding_attention", "full_attention", "chunked_attention", "full_attention"]},
             "layer_types",
         ),
-        ({"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 4.0}}}, "'yarn'"),
+        ({"rope_parameters": {"full_attention": {"rope_type": "longrope", "factor": 4.0}}}, "'longrope'"),
         ({"hidden_activation": "mish7"}, "hidden_activation is 'mish7'"),
         ({"query_pre_attn_scalar": "big"}, "wrong type"),
     ],
