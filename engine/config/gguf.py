@@ -21,8 +21,8 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen2vl": "Qwen2ForCausalLM",
-    # Mistral 3's language model: llama's tensors and q/k order under another name (Ministral 3's yarn rope is
-    # refused by _rope_scaling).
+    # Mistral 3's language model: llama's tensors and q/k order under another name (Ministral 3, whose queries
+    # scale with position, is refused by _rope_scaling).
     "mistral3": "LlamaForCausalLM",
     # Gemma 3's language model (also inside Gemma3ForConditionalGeneration); the keys only Gemma reads are
     # `gemma3_text_keys`, the norms' +1 the converter adds is undone at load (engine/gguf/names.py).
