@@ -96,6 +96,23 @@ TEXT_FAMILIES: dict[str, _TextFamily] = {
             max_position_embeddings=32768,
         ),
     ),
+    # The expert counts and size (num_experts, num_experts_per_tok, moe_intermediate_size) are left out: like the
+    # shape keys they fix tensor shapes, so engine/models/qwen3_moe.py refuses a config without them.
+    "qwen3_moe": _TextFamily(
+        "Qwen3MoeForCausalLM",
+        dict(
+            vocab_size=151936,
+            hidden_size=2048,
+            intermediate_size=6144,
+            num_hidden_layers=24,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            max_position_embeddings=32768,
+            decoder_sparse_step=1,
+            norm_topk_prob=False,
+            mlp_only_layers=[],
+        ),
+    ),
     # Qwen2-VL / Qwen2.5-VL language models (the M-RoPE sections are read by engine/models/qwen2_vl.py).
     "qwen2_vl_text": _QWEN2_VL_TEXT,
     "qwen2_5_vl_text": _QWEN2_VL_TEXT,

@@ -1,5 +1,6 @@
 """GGUF tensors as Hugging Face checkpoint entries: their names, the shapes a config allows, the ones it needs,
-llama.cpp's q/k row order undone, and Gemma's norm weights shifted back."""
+llama.cpp's q/k row order undone, and Gemma's norm weights shifted back. A mixture-of-experts file's experts
+keep their 3-D tensors ([experts, rows, cols] in Hugging Face order) under names of their own."""
 
 from __future__ import annotations
 
@@ -45,6 +46,16 @@ _GEMMA3_LAYER_NAMES = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+# A mixture-of-experts layer's router, and its experts' projections as 3-D tensors [experts, rows, cols] (in
+# Hugging Face order; engine/models/qwen3_moe.py joins gate and up).
+_MOE_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+}
+_MOE_PARTS = ["mlp.gate.weight"] + [f"mlp.experts.{p}_proj.weight" for p in ("gate", "up", "down")]
 _GEMMA3_NORMS = ["input_layernorm.weight", "post_attention_layernorm.weight"]
 _GEMMA3_NORMS += ["pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"]
 _GEMMA3_NORMS += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
@@ -56,7 +67,17 @@ def _is_gemma3(config: ModelConfig) -> bool:
     return config.architecture == ARCHITECTURES["gemma3"]
 
 
+def _experts(config: ModelConfig) -> tuple[int, int] | None:
+    """(experts, each expert's intermediate size) of a mixture-of-experts config (engine/config/gguf.py's
+    `qwen3moe_keys`: every layer sparse), None for a dense one."""
+    if config.architecture != ARCHITECTURES["qwen3moe"]:
+        return None
+    return config.extra["num_experts"], config.extra["moe_intermediate_size"]
+
+
 def _layer_names(config: ModelConfig) -> dict[str, str]:
+    if _experts(config) is not None:
+        return _MOE_LAYER_NAMES
     return _GEMMA3_LAYER_NAMES if _is_gemma3(config) else _LAYER_NAMES
 
 
@@ -113,6 +134,14 @@ def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     if _is_gemma3(config):
         shapes.pop(ROPE_FREQ_FACTORS)  # llama.cpp's gemma3 has no llama3-style rope: such a tensor is not read
         per_layer |= {"pre_feedforward_layernorm.weight": (hidden,), "post_feedforward_layernorm.weight": (hidden,)}
+    if (experts := _experts(config)) is not None:
+        num_experts, size = experts
+        per_layer |= {
+            "mlp.gate.weight": (num_experts, hidden),
+            "mlp.experts.gate_proj.weight": (num_experts, size, hidden),
+            "mlp.experts.up_proj.weight": (num_experts, size, hidden),
+            "mlp.experts.down_proj.weight": (num_experts, hidden, size),
+        }
     for i in range(config.num_hidden_layers):
         for suffix, shape in per_layer.items():
             shapes[f"model.layers.{i}.{suffix}"] = shape
@@ -133,6 +162,8 @@ def _required_names(config: ModelConfig) -> list[str]:
         per_layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
     if _is_gemma3(config):
         per_layer += [name for name in _GEMMA3_NORMS if name not in per_layer]
+    if _experts(config) is not None:
+        per_layer = [name for name in per_layer if not name.startswith("mlp.")] + _MOE_PARTS
     names += [f"model.layers.{i}.{s}" for i in range(config.num_hidden_layers) for s in per_layer]
     return names
 

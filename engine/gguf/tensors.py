@@ -42,7 +42,8 @@ def check_types(path: Path, tensors: list[Any], gguf: Any) -> None:
         raise ModelLoadError(
             f"{path}: tensor {bad[0].name} is stored as {', '.join(kinds)}, which the gguf package "
             f"(version {getattr(gguf, '__version__', 'installed')}) cannot dequantize. Use a GGUF quantized "
-            "as F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL or IQ4_XS, or update the gguf package."
+            "as F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL, IQ4_XS or MXFP4, or update the gguf "
+            "package."
         )
 
 
@@ -61,6 +62,14 @@ def dequantize(t: Any, gguf: Any) -> torch.Tensor:
     return torch.from_numpy(gguf.quants.dequantize(t.data, qtype)).reshape(shape)
 
 
+def rows_and_cols(t: Any) -> tuple[int, int]:
+    """A tensor's (rows, columns) as a matrix: GGUF dims run innermost first, and the outer ones of a 3-D tensor
+    (a mixture-of-experts projection, [experts, rows, cols] in Hugging Face order) stack as rows, expert by
+    expert, as the file lays them out."""
+    dims = [int(d) for d in t.shape.tolist()]
+    return int(np.prod(dims[1:], dtype=np.int64)), dims[0]
+
+
 INT4_TYPES = ("Q4_0", "Q4_1")
 
 
@@ -71,7 +80,7 @@ def int4_weight(t: Any, dtype: torch.dtype) -> QuantizedWeight:
     Byte j of a block holds element j in its low nibble and element j + 16 in its high nibble. Both are
     (q - 8) * scale + zero with scale = d and zero = 0 (Q4_0) or m + 8 d (Q4_1).
     """
-    num_rows, num_cols = (int(d) for d in reversed(t.shape.tolist()))
+    num_rows, num_cols = rows_and_cols(t)
     has_min = t.tensor_type.name == "Q4_1"
     header = 4 if has_min else 2
     blocks = torch.from_numpy(np.array(t.data, dtype=np.uint8)).reshape(num_rows, num_cols // 32, header + 16)
@@ -91,7 +100,7 @@ INT8_TYPES = ("Q8_0",)
 def block_weight(t: Any, dtype: torch.dtype) -> BlockWeight:
     """A block-quantized tensor as its rows of blocks: a view of the memory-mapped file, not a copy, so its
     pages are the file's own (read in as the kernels first touch them, never duplicated)."""
-    num_rows, num_cols = (int(d) for d in reversed(t.shape.tolist()))
+    num_rows, num_cols = rows_and_cols(t)
     with warnings.catch_warnings():  # the map is read-only, and so is every use of the blocks
         warnings.simplefilter("ignore", UserWarning)
         blocks = torch.from_numpy(t.data.view(np.uint8)).reshape(num_rows, -1)
@@ -113,7 +122,7 @@ def packed(weight: BlockWeight, t: Any) -> BlockWeight:
 
 def int8_weight(t: Any, dtype: torch.dtype) -> SplitWeight:
     """A Q8_0 tensor as two 4-bit planes (`SplitWeight`): ggml's block is f16 d and 32 int8 q, value d * q."""
-    num_rows, num_cols = (int(d) for d in reversed(t.shape.tolist()))
+    num_rows, num_cols = rows_and_cols(t)
     blocks = torch.from_numpy(np.array(t.data, dtype=np.uint8)).reshape(num_rows, num_cols // 32, 2 + 32)
     d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()  # [N, K / 32]
     q = blocks[..., 2:].contiguous().view(torch.int8).reshape(num_rows, num_cols)

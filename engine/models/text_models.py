@@ -9,10 +9,11 @@ from engine.models.gemma3.text import Gemma3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
+from engine.models.qwen3_moe import Qwen3MoeForCausalLM
 
 TEXT_MODELS: dict[str, type[Model]] = {
     arch: cls
-    for cls in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM)
+    for cls in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma3ForCausalLM)
     for arch in cls.architectures
 }
 

@@ -1,0 +1,152 @@
+"""A sparse mixture-of-experts MLP: a router picks `top_k` of `num_experts` SwiGLU experts per token, and the
+token's output is their outputs weighted by the router's probabilities.
+
+Routing is per token and no token is ever dropped (no expert capacity), so a token's output depends on that
+token alone: a job's tokens are the same alone and in any batch. A step's tokens are grouped by expert (one
+argsort of the routed expert ids), and each expert that got tokens multiplies just those rows:
+
+    token rows x [T, H] --router--> top-k (expert id, weight) per token, T * k pairs
+    pairs sorted by expert:   e0: rows 2 5 | e3: rows 0 2 7 | e4: row 5 | ...
+    per expert e with rows r: y = down_e(silu(gate_e(x[r])) * up_e(x[r])) * weight;  out[r] += y
+
+Each projection keeps every expert's weight in one tensor (`Experts`): a float [E, N, K], or rows of GGUF blocks
+laid out expert by expert, of which an expert's matmul reads its own slice (a view). A decode step so reads
+only the routed experts' weights, as llama.cpp's `mul_mat_id` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.errors import TensorMismatchError
+from engine.models.linear import BlockWeight, Linear, QuantizedWeight, SplitWeight
+from kernels import ops
+
+ExpertPart = torch.Tensor | BlockWeight | QuantizedWeight | SplitWeight
+
+
+class Experts(nn.Module):
+    """One projection of all experts: `num_experts` weights [out_features, in_features], multiplied one expert at
+    a time.
+
+    Float weights are the buffer `weight` [E, N, K]. Weights kept in GGUF blocks are buffers blocks0, blocks1, ...
+    (one per run of parts of one type, `block_types`), each [E * rows_i, row bytes] with expert e's rows at
+    [e * rows_i, (e + 1) * rows_i): a tensor row is a weight row, or 16 of them in the CPU's repacked tiles,
+    which never straddle two experts as every expert has whole groups of 16 rows (the loader checks)."""
+
+    def __init__(self, num_experts: int, in_features: int, out_features: int):
+        super().__init__()
+        self.num_experts, self.in_features, self.out_features = num_experts, in_features, out_features
+        self.register_buffer("weight", torch.empty(num_experts, out_features, in_features))  # [E, N, K]
+        self.block_types: list[str] = []
+
+    def load(self, parts: Sequence[ExpertPart], name: str) -> None:
+        """Fill from checkpoint parts stacked on the output dimension within each expert (gate, then up): each a
+        float [E, n_i, K] or a packed weight of E * n_i rows, expert by expert. Blocks a kernel reads stay in
+        their blocks, neighbours of one type joined expert by expert (then an expert is one kernel call);
+        anything else is expanded to float. `name` is for messages."""
+        rows = sum(_num_rows(p) for p in parts)
+        cols = {int(p.shape[-1]) for p in parts}
+        if rows != self.num_experts * self.out_features or cols != {self.in_features}:
+            raise TensorMismatchError(
+                f"the experts of {name} hold {rows} rows of {sorted(cols)} columns, but the config implies "
+                f"{self.num_experts} experts of [{self.out_features}, {self.in_features}]. config.json (or the GGUF "
+                "metadata) and the weights do not belong together."
+            )
+        if all(isinstance(p, BlockWeight) and self._keeps(p) for p in parts):
+            self._load_blocks(parts)
+        else:
+            self.weight = torch.cat([self._as_float(p) for p in parts], dim=1)
+
+    def _keeps(self, weight: BlockWeight) -> bool:
+        """Whether `weight` can stay in blocks: one part whose tensor rows split evenly into the experts."""
+        return len(weight.parts) == 1 and weight.parts[0][0].shape[0] % self.num_experts == 0 and weight.is_packable()
+
+    def _load_blocks(self, parts: Sequence[BlockWeight]) -> None:
+        runs: list[tuple[list[torch.Tensor], str]] = []
+        for blocks, type_name in (p.parts[0] for p in parts):
+            if runs and runs[-1][1] == type_name:
+                runs[-1][0].append(blocks)
+            else:
+                runs.append(([blocks], type_name))
+        self.weight = None
+        for i, (run, _) in enumerate(runs):
+            width = run[0].shape[1]
+            # expert by expert: [E, rows_a, bytes] beside [E, rows_b, bytes] -> [E * (rows_a + rows_b), bytes]
+            joined = run[0] if len(run) == 1 else torch.cat([b.view(self.num_experts, -1, width) for b in run], 1)
+            self.register_buffer(f"blocks{i}", joined.reshape(-1, width).contiguous())
+        self.block_types = [t for _, t in runs]
+
+    def _as_float(self, part: ExpertPart) -> torch.Tensor:
+        values = part if isinstance(part, torch.Tensor) else part.dequantize()
+        return values.reshape(self.num_experts, -1, self.in_features)
+
+    def forward(self, x: torch.Tensor, expert: int) -> torch.Tensor:
+        """x [rows, in_features] @ W[expert].T -> [rows, out_features]."""
+        if not self.block_types:
+            return F.linear(x, self.weight[expert])
+        outs = []
+        for i, type_name in enumerate(self.block_types):
+            blocks = getattr(self, f"blocks{i}")
+            per_expert = blocks.shape[0] // self.num_experts
+            outs.append(ops.linear_blocks(x, blocks[expert * per_expert : (expert + 1) * per_expert], type_name))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+    def extra_repr(self) -> str:
+        kind = f"GGUF blocks {'+'.join(self.block_types)}" if self.block_types else "float"
+        return f"num_experts={self.num_experts}, in={self.in_features}, out={self.out_features}, {kind}"
+
+
+def _num_rows(part: ExpertPart) -> int:
+    shape = tuple(part.shape)
+    return shape[0] * shape[1] if len(shape) == 3 else shape[0]
+
+
+class SparseMoE(nn.Module):
+    """Router (`gate`, hidden -> num_experts, no bias) and SwiGLU experts of `expert_size`, no shared expert.
+
+    The router's probabilities are a softmax over all experts in float32; the top `top_k` are renormalised to sum
+    to 1 when `norm_topk_prob`, then rounded to the activations' dtype before they weight the experts' outputs."""
+
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, expert_size: int, norm_topk_prob: bool):
+        super().__init__()
+        self.num_experts, self.top_k, self.norm_topk_prob = num_experts, top_k, norm_topk_prob
+        self.gate = Linear(hidden_size, num_experts, bias=False)
+        self.experts_gate_up = Experts(num_experts, hidden_size, 2 * expert_size)  # gate rows, then up rows
+        self.experts_down = Experts(num_experts, expert_size, hidden_size)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, top_k] in x's dtype, expert ids [T, top_k]) per token."""
+        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # [T, E]
+        weights, expert_ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), expert_ids
+
+    def activate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The experts' gated activation over their [gate | up] rows."""
+        return ops.silu_and_mul(gate_up)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, expert_ids = self.route(x)
+        flat = expert_ids.reshape(-1)  # [T * top_k]
+        order = torch.argsort(flat, stable=True)  # pairs grouped by expert, tokens ascending within each
+        token_ids = order // self.top_k
+        pair_weights = weights.reshape(-1)[order, None]
+        # The layer's one host sync: how many rows each expert got, to slice them (a few dozen ints).
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        out = torch.zeros_like(x)  # [T, hidden]
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            rows = token_ids[start : start + count]
+            h = self.experts_down(self.activate(self.experts_gate_up(x[rows], expert)), expert)
+            # Experts are added in ascending id order whatever the batch, so a token's sum never depends on it.
+            out.index_add_(0, rows, h * pair_weights[start : start + count])
+            start += count
+        return out
