@@ -287,6 +287,10 @@ def _sliding(config: ModelConfig) -> dict[str, int | None]:
         if settings.sliding_window:
             return {"num_sliding_layers": sum(settings.is_sliding), "sliding_window": settings.sliding_window}
         return {}
+    types = config.extra.get("layer_types")
+    if config.sliding_window and isinstance(types, list) and len(types) == config.num_hidden_layers:
+        # gpt-oss and other families that name each layer's kind
+        return {"num_sliding_layers": types.count("sliding_attention"), "sliding_window": config.sliding_window}
     if config.sliding_window:
         return {"num_sliding_layers": config.num_hidden_layers, "sliding_window": config.sliding_window}
     return {}

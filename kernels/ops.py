@@ -21,6 +21,8 @@ from kernels.triton import candidates as triton_kernels  # imports triton itself
 dispatch.register("write_kv", attention.write_kv, reference=True)
 dispatch.register("paged_attention", attention.paged_attention, reference=True)
 dispatch.register("paged_attention_key_ends", attention.paged_attention_key_ends, reference=True)
+# Attention with a learned sink logit per head (gpt-oss): the twin only, for now.
+dispatch.register("paged_attention_sinks", attention.paged_attention_sinks, reference=True)
 dispatch.register("rms_norm", norm.rms_norm, reference=True)
 dispatch.register("apply_rope", rope.apply_rope, reference=True)
 dispatch.register("silu_and_mul", activation.silu_and_mul, reference=True)
@@ -178,6 +180,37 @@ def paged_attention_key_ends(
         scale,
         sliding_window,
         key_ends,
+    )
+
+
+def paged_attention_sinks(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sinks: torch.Tensor,
+    sliding_window: int | None = None,
+    page_runs: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """`paged_attention` where each query head's softmax also counts a learned logit `sinks` [Hq] (float32)
+    that has no value: a head can attend to nothing (gpt-oss)."""
+    return dispatch.call(
+        "paged_attention_sinks",
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_lens,
+        seq_lens_host,
+        scale,
+        sinks,
+        sliding_window,
+        page_runs,
     )
 
 

@@ -113,6 +113,35 @@ TEXT_FAMILIES: dict[str, _TextFamily] = {
             mlp_only_layers=[],
         ),
     ),
+    # The expert counts (num_local_experts, num_experts_per_tok) are left out, as for qwen3_moe:
+    # engine/models/gpt_oss.py refuses a config without them. intermediate_size is each expert's.
+    "gpt_oss": _TextFamily(
+        "GptOssForCausalLM",
+        dict(
+            vocab_size=201088,
+            hidden_size=2880,
+            intermediate_size=2880,
+            num_hidden_layers=36,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            head_dim=64,
+            sliding_window=128,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            attention_bias=True,
+            swiglu_limit=7.0,
+            swiglu_alpha=1.702,
+            rope_parameters=dict(
+                rope_type="yarn",
+                factor=32.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                truncate=False,
+                original_max_position_embeddings=4096,
+            ),
+        ),
+        default_theta=150000.0,
+    ),
     # Qwen2-VL / Qwen2.5-VL language models (the M-RoPE sections are read by engine/models/qwen2_vl.py).
     "qwen2_vl_text": _QWEN2_VL_TEXT,
     "qwen2_5_vl_text": _QWEN2_VL_TEXT,

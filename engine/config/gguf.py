@@ -29,6 +29,8 @@ ARCHITECTURES = {
     "gemma3": "Gemma3ForCausalLM",
     # Qwen3-MoE: qwen3's layers with experts in every one (`qwen3moe_keys`).
     "qwen3moe": "Qwen3MoeForCausalLM",
+    # gpt-oss: experts with biases, attention sinks, sliding and full layers alternating (`gpt_oss_keys`).
+    "gpt-oss": "GptOssForCausalLM",
 }
 
 
@@ -111,6 +113,8 @@ def _config_from_metadata(path: Path, arch: str, metadata: dict[str, Any], tenso
         hf |= gemma3_text_keys(metadata)
     if arch == "qwen3moe":
         hf |= qwen3moe_keys(get)
+    if arch == "gpt-oss":
+        hf |= gpt_oss_keys(get)
     try:
         return ModelConfig.from_hf_dict(hf, architecture=ARCHITECTURES[arch])
     except ModelLoadError as e:
@@ -157,6 +161,22 @@ def qwen3moe_keys(get: Callable[..., Any]) -> dict[str, Any]:
         "norm_topk_prob": True,
         "decoder_sparse_step": 1,
         "mlp_only_layers": [],
+    }
+
+
+def gpt_oss_keys(get: Callable[..., Any]) -> dict[str, Any]:
+    """The GptOssConfig keys of a `gpt-oss` GGUF (`get` reads `gpt-oss.*`, failing on an absent required key), as
+    llama.cpp's runtime reads the file (src/models/openai-moe.cpp): every even layer sliding, the experts'
+    SwiGLU clamped at 7 with gain 1.702 (its graph fixes these; the file has no keys for them)."""
+    num_layers = get("block_count", required=True)
+    return {
+        "num_local_experts": get("expert_count", required=True),
+        "num_experts_per_tok": get("expert_used_count", required=True),
+        "intermediate_size": get("expert_feed_forward_length", required=True),
+        "sliding_window": get("attention.sliding_window", required=True),
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)],
+        "swiglu_limit": 7.0,
+        "swiglu_alpha": 1.702,
     }
 
 

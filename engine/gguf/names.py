@@ -55,6 +55,16 @@ _MOE_LAYER_NAMES = {
     "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj",
 }
+# gpt-oss: the router under transformers' name, with a bias as every projection has, and a sink per head.
+_GPT_OSS_LAYER_NAMES = {
+    **_MOE_LAYER_NAMES,
+    "ffn_gate_inp": "mlp.router",
+    "attn_sinks": "self_attn.sinks",
+    "post_attention_norm": "post_attention_layernorm",
+}
+_GPT_OSS_PARTS = ["mlp.router.weight", "mlp.router.bias", "self_attn.sinks.weight"]
+_GPT_OSS_PARTS += [f"mlp.experts.{p}_proj.{kind}" for p in ("gate", "up", "down") for kind in ("weight", "bias")]
+_GPT_OSS_PARTS += [f"self_attn.{p}_proj.bias" for p in "qkvo"]
 _MOE_PARTS = ["mlp.gate.weight"] + [f"mlp.experts.{p}_proj.weight" for p in ("gate", "up", "down")]
 _GEMMA3_NORMS = ["input_layernorm.weight", "post_attention_layernorm.weight"]
 _GEMMA3_NORMS += ["pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"]
@@ -67,15 +77,23 @@ def _is_gemma3(config: ModelConfig) -> bool:
     return config.architecture == ARCHITECTURES["gemma3"]
 
 
+def _is_gpt_oss(config: ModelConfig) -> bool:
+    return config.architecture == ARCHITECTURES["gpt-oss"]
+
+
 def _experts(config: ModelConfig) -> tuple[int, int] | None:
     """(experts, each expert's intermediate size) of a mixture-of-experts config (engine/config/gguf.py's
-    `qwen3moe_keys`: every layer sparse), None for a dense one."""
+    `qwen3moe_keys` and `gpt_oss_keys`: every layer sparse), None for a dense one."""
+    if _is_gpt_oss(config):
+        return config.extra["num_local_experts"], config.intermediate_size
     if config.architecture != ARCHITECTURES["qwen3moe"]:
         return None
     return config.extra["num_experts"], config.extra["moe_intermediate_size"]
 
 
 def _layer_names(config: ModelConfig) -> dict[str, str]:
+    if _is_gpt_oss(config):
+        return _GPT_OSS_LAYER_NAMES
     if _experts(config) is not None:
         return _MOE_LAYER_NAMES
     return _GEMMA3_LAYER_NAMES if _is_gemma3(config) else _LAYER_NAMES
@@ -142,6 +160,16 @@ def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             "mlp.experts.up_proj.weight": (num_experts, size, hidden),
             "mlp.experts.down_proj.weight": (num_experts, hidden, size),
         }
+    if _is_gpt_oss(config):
+        num_experts, size = experts
+        per_layer |= {
+            "mlp.router.weight": (num_experts, hidden),
+            "mlp.router.bias": (num_experts,),
+            "mlp.experts.gate_proj.bias": (num_experts, size),
+            "mlp.experts.up_proj.bias": (num_experts, size),
+            "mlp.experts.down_proj.bias": (num_experts, hidden),
+            "self_attn.sinks.weight": (config.num_attention_heads,),
+        }
     for i in range(config.num_hidden_layers):
         for suffix, shape in per_layer.items():
             shapes[f"model.layers.{i}.{suffix}"] = shape
@@ -163,7 +191,8 @@ def _required_names(config: ModelConfig) -> list[str]:
     if _is_gemma3(config):
         per_layer += [name for name in _GEMMA3_NORMS if name not in per_layer]
     if _experts(config) is not None:
-        per_layer = [name for name in per_layer if not name.startswith("mlp.")] + _MOE_PARTS
+        parts = _GPT_OSS_PARTS if _is_gpt_oss(config) else _MOE_PARTS
+        per_layer = [name for name in per_layer if not name.startswith("mlp.") and name not in parts] + parts
     names += [f"model.layers.{i}.{s}" for i in range(config.num_hidden_layers) for s in per_layer]
     return names
 

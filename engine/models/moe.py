@@ -36,12 +36,15 @@ class Experts(nn.Module):
     Float weights are the buffer `weight` [E, N, K]. Weights kept in GGUF blocks are buffers blocks0, blocks1, ...
     (one per run of parts of one type, `block_types`), each [E * rows_i, row bytes] with expert e's rows at
     [e * rows_i, (e + 1) * rows_i): a tensor row is a weight row, or 16 of them in the CPU's repacked tiles,
-    which never straddle two experts as every expert has whole groups of 16 rows (the loader checks)."""
+    which never straddle two experts as every expert has whole groups of 16 rows (the loader checks).
+
+    Experts with biases (gpt-oss) hold them in the buffer `bias` [E, out_features] (`load_bias`); None without."""
 
     def __init__(self, num_experts: int, in_features: int, out_features: int):
         super().__init__()
         self.num_experts, self.in_features, self.out_features = num_experts, in_features, out_features
         self.register_buffer("weight", torch.empty(num_experts, out_features, in_features))  # [E, N, K]
+        self.register_buffer("bias", None)
         self.block_types: list[str] = []
 
     def load(self, parts: Sequence[ExpertPart], name: str) -> None:
@@ -61,6 +64,20 @@ class Experts(nn.Module):
             self._load_blocks(parts)
         else:
             self.weight = torch.cat([self._as_float(p) for p in parts], dim=1)
+
+    def load_bias(self, parts: Sequence[torch.Tensor], name: str) -> None:
+        """Fill the biases from parts [E, n_i] stacked on the output dimension as `load`'s weights are."""
+        shapes = [tuple(p.shape) for p in parts]
+        if (
+            any(len(s) != 2 or s[0] != self.num_experts for s in shapes)
+            or sum(s[1] for s in shapes) != self.out_features
+        ):
+            raise TensorMismatchError(
+                f"the expert biases of {name} have shapes {shapes}, but the config implies {self.num_experts} "
+                f"experts of {self.out_features} outputs. config.json (or the GGUF metadata) and the weights do not "
+                "belong together."
+            )
+        self.bias = torch.cat(list(parts), dim=1)
 
     def _keeps(self, weight: BlockWeight) -> bool:
         """Whether `weight` can stay in blocks: one part whose tensor rows split evenly into the experts."""
@@ -86,19 +103,22 @@ class Experts(nn.Module):
         return values.reshape(self.num_experts, -1, self.in_features)
 
     def forward(self, x: torch.Tensor, expert: int) -> torch.Tensor:
-        """x [rows, in_features] @ W[expert].T -> [rows, out_features]."""
+        """x [rows, in_features] @ W[expert].T (+ bias[expert]) -> [rows, out_features]."""
+        bias = None if self.bias is None else self.bias[expert]
         if not self.block_types:
-            return F.linear(x, self.weight[expert])
+            return F.linear(x, self.weight[expert], bias)
         outs = []
         for i, type_name in enumerate(self.block_types):
             blocks = getattr(self, f"blocks{i}")
             per_expert = blocks.shape[0] // self.num_experts
             outs.append(ops.linear_blocks(x, blocks[expert * per_expert : (expert + 1) * per_expert], type_name))
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        return out if bias is None else out + bias
 
     def extra_repr(self) -> str:
         kind = f"GGUF blocks {'+'.join(self.block_types)}" if self.block_types else "float"
-        return f"num_experts={self.num_experts}, in={self.in_features}, out={self.out_features}, {kind}"
+        biased = ", bias" if self.bias is not None else ""
+        return f"num_experts={self.num_experts}, in={self.in_features}, out={self.out_features}, {kind}{biased}"
 
 
 def _num_rows(part: ExpertPart) -> int:
@@ -107,20 +127,36 @@ def _num_rows(part: ExpertPart) -> int:
 
 
 class SparseMoE(nn.Module):
-    """Router (`gate`, hidden -> num_experts, no bias) and SwiGLU experts of `expert_size`, no shared expert.
+    """Router (`gate`, hidden -> num_experts, with a bias when `router_bias`) and SwiGLU experts of `expert_size`
+    (with biases where the loader gives them: `Experts.load_bias`), no shared expert.
 
-    The router's probabilities are a softmax over all experts in float32; the top `top_k` are renormalised to sum
-    to 1 when `norm_topk_prob`, then rounded to the activations' dtype before they weight the experts' outputs."""
+    By default the router's probabilities are a softmax over all experts in float32, the top `top_k` of them
+    renormalised to sum to 1 when `norm_topk_prob`. With `softmax_after_topk` (gpt-oss) the top `top_k` logits
+    are picked first and the softmax runs over those alone (so they always sum to 1). Either way the weights are
+    rounded to the activations' dtype before they weight the experts' outputs."""
 
-    def __init__(self, hidden_size: int, num_experts: int, top_k: int, expert_size: int, norm_topk_prob: bool):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        top_k: int,
+        expert_size: int,
+        norm_topk_prob: bool,
+        router_bias: bool = False,
+        softmax_after_topk: bool = False,
+    ):
         super().__init__()
         self.num_experts, self.top_k, self.norm_topk_prob = num_experts, top_k, norm_topk_prob
-        self.gate = Linear(hidden_size, num_experts, bias=False)
+        self.softmax_after_topk = softmax_after_topk
+        self.gate = Linear(hidden_size, num_experts, bias=router_bias)
         self.experts_gate_up = Experts(num_experts, hidden_size, 2 * expert_size)  # gate rows, then up rows
         self.experts_down = Experts(num_experts, expert_size, hidden_size)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, top_k] in x's dtype, expert ids [T, top_k]) per token."""
+        if self.softmax_after_topk:
+            logits, expert_ids = torch.topk(self.gate(x), self.top_k, dim=-1)
+            return torch.softmax(logits, dim=-1, dtype=torch.float32).to(x.dtype), expert_ids
         probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # [T, E]
         weights, expert_ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from engine.errors import UnsupportedArchitectureError
 from engine.models.base import Model
 from engine.models.gemma3.text import Gemma3ForCausalLM
+from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
@@ -13,7 +14,14 @@ from engine.models.qwen3_moe import Qwen3MoeForCausalLM
 
 TEXT_MODELS: dict[str, type[Model]] = {
     arch: cls
-    for cls in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma3ForCausalLM)
+    for cls in (
+        LlamaForCausalLM,
+        Qwen2ForCausalLM,
+        Qwen3ForCausalLM,
+        Qwen3MoeForCausalLM,
+        Gemma3ForCausalLM,
+        GptOssForCausalLM,
+    )
     for arch in cls.architectures
 }
 

@@ -210,3 +210,55 @@ def _quantized_attention(
     args = (kv_quant.rotate(q), k, v, tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
     out = paged_attention(*args) if key_ends is None else paged_attention_key_ends(*args, key_ends)
     return kv_quant.rotate(out).to(q.dtype)
+
+
+# Query rows scored at once by `paged_attention_sinks`, per head: bounds its float32 score block (heads x rows x
+# keys) on a long prompt.
+_SINK_ROWS = 256
+
+
+def paged_attention_sinks(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sinks: torch.Tensor,
+    sliding_window: int | None = None,
+    page_runs: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """`paged_attention` with a learned sink per query head (gpt-oss): `sinks` [Hq] float32 is one more logit in
+    each row's softmax, a key every query sees that has no value, so a row can give attention to nothing:
+
+        out = sum_j exp(s_j - m) v_j / (sum_j exp(s_j - m) + exp(sink_h - m)),  m = max(max_j s_j, sink_h)
+
+    Scores are formed explicitly in float32 with the sink as an extra column (dropped after the softmax), a few
+    hundred query rows at a time; quantized pages go through `_float_pages` as `_quantized_attention` does."""
+    if k_cache.dtype == torch.uint8:
+        k, v, tables = _float_pages(k_cache, v_cache, block_tables, seq_lens_host, q.shape[-1])
+        args = (kv_quant.rotate(q), k, v, tables, seq_lens, query_lens, seq_lens_host, scale, sinks, sliding_window)
+        return kv_quant.rotate(paged_attention_sinks(*args)).to(q.dtype)
+    num_heads = q.shape[1]
+    runs = list(page_runs) if page_runs else [-1] * len(query_lens)
+    sink = sinks.to(device=q.device, dtype=torch.float32)[:, None, None]  # [Hq, 1, 1]
+    out = torch.empty(q.shape, dtype=k_cache.dtype, device=q.device)
+    start = 0
+    for i, (q_len, kv_len) in enumerate(zip(query_lens, seq_lens_host)):
+        k, v = _keys_values(k_cache, v_cache, block_tables[i], kv_len, runs[i])  # [1, Hkv, kv_len, D]
+        group = num_heads // k.shape[1]
+        k = k[0].float().repeat_interleave(group, dim=0)  # [Hq, kv_len, D]
+        v = v[0].float().repeat_interleave(group, dim=0)
+        for lo in range(0, q_len, _SINK_ROWS):
+            hi = min(q_len, lo + _SINK_ROWS)
+            qi = q[start + lo : start + hi].transpose(0, 1).float()  # [Hq, rows, D]
+            scores = torch.matmul(qi, k.transpose(1, 2)) * scale  # [Hq, rows, kv_len]
+            q_pos = torch.arange(kv_len - q_len + lo, kv_len - q_len + hi, device=q.device)
+            scores = scores.masked_fill(~_window_mask(q_pos, kv_len, sliding_window), float("-inf"))
+            logits = torch.cat((scores, sink.expand(-1, hi - lo, 1)), dim=-1)
+            probs = torch.softmax(logits, dim=-1)[..., :-1]
+            out[start + lo : start + hi] = torch.matmul(probs, v).transpose(0, 1).to(out.dtype)
+        start += q_len
+    return out

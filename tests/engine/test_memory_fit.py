@@ -130,3 +130,18 @@ def test_a_mistral_slides_on_every_layer():
     info = card(num_sliding_layers=32, sliding_window=4096, context_length=32768)
     assert memory_need(info, 32768, 2).kv_bytes < memory_need(card(context_length=32768), 32768, 2).kv_bytes
     assert memory_need(info, 4096, 2).kv_bytes == memory_need(card(), 4096, 2).kv_bytes  # all within the pool
+
+
+def test_gpt_oss_counts_only_the_layers_its_layer_types_make_sliding(tmp_path):
+    import transformers
+
+    from engine.model_info import read_model_info
+
+    config = transformers.GptOssConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+    )  # fmt: skip
+    transformers.GptOssForCausalLM(config).save_pretrained(tmp_path)
+    info = read_model_info(tmp_path)
+    assert (info.num_layers, info.num_sliding_layers, info.sliding_window) == (4, 2, 8)
