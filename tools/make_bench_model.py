@@ -2,13 +2,19 @@
 
     python tools/make_bench_model.py OUT_DIR [--types Q4_K_M,Q4_0,Q8_0] [--layers 16] [--seed 0] [--tokenizer GGUF]
     python tools/make_bench_model.py OUT_DIR --shape qwen3moe [--layers 4]
+    python tools/make_bench_model.py OUT_DIR --shape gpt-oss --types MXFP4 [--layers 4]
 
-writes OUT_DIR/bench-1b-<type>.gguf (or bench-qwen3moe-<type>.gguf) for each type and prints each path and size.
+writes OUT_DIR/bench-<shape>-<type>.gguf for each type and prints each path and size.
 
 `--shape qwen3moe` is Qwen3-30B-A3B's layer (GGUF architecture `qwen3moe`): hidden 2048, 32 query / 4 KV heads of
 128 with q/k norms, 128 experts of width 768 with 8 routed per token and no shared expert, rope theta 1e6, an
 untied output head, and 4 layers by default (about 1.5 GB in Q4_K_M: the expert tensors of one layer are 340 MB).
-The router (ffn_gate_inp) is F32, as llama.cpp keeps it.
+The router (ffn_gate_inp) is F32, as llama.cpp keeps it, with random weights so tokens spread over the experts.
+
+`--shape gpt-oss` is gpt-oss-20b's layer (GGUF architecture `gpt-oss`): hidden 2880, 64 query / 8 KV heads of 64
+with biases and a sink per head, 32 experts of width 2880 with 4 routed and biases, layers alternating a 128-token
+window and full attention, YaRN rope (factor 32 over 4096), 4 layers by default (about 1.8 GB). Its only type,
+MXFP4, is the experts' (as released); the other weights are Q8_0, since 2880 is not a whole number of K-quant blocks.
 
 The shape is Llama-3.2-1B's: 16 layers, hidden 2048, 32 query / 8 KV heads of 64, MLP 8192, rope theta
 500000, rms eps 1e-5, context 131072 in the metadata (its llama3 rope scaling is left out), tied embeddings
@@ -34,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 # general.file_type values (llama.cpp's llama_ftype) of the types this tool writes.
-FILE_TYPES = {"Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15}
+FILE_TYPES = {"Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15, "MXFP4": 38}
 
 # Byte offsets of the float16 fields (d, and dmin where there is one) in one block of each type (ggml's
 # block structs); the rest of a block is integers that any bit pattern makes valid.
@@ -120,6 +126,45 @@ QWEN3_MOE = dict(
 )  # fmt: skip
 
 
+# gpt-oss-20b's shape, per layer (the `gpt-oss` rows of the bench).
+GPT_OSS = dict(
+    hidden=2880, num_heads=64, num_kv_heads=8, head_dim=64, num_experts=32, experts_used=4, expert_ffn=2880,
+    rope_theta=150000.0, rms_eps=1e-5, context_length=131072, sliding_window=128, yarn_factor=32.0,
+    yarn_original=4096,
+)  # fmt: skip
+
+
+def plan_gpt_oss_tensors(num_layers: int, vocab_size: int, shape: dict) -> list[TensorPlan]:
+    """A gpt-oss model's tensors in llama.cpp's names: experts MXFP4, other matrices Q8_0, the rest F32."""
+    hidden, heads, kv_heads, dim = shape["hidden"], shape["num_heads"], shape["num_kv_heads"], shape["head_dim"]
+    experts, width = shape["num_experts"], shape["expert_ffn"]
+    plans = [TensorPlan("token_embd.weight", (vocab_size, hidden), "Q8_0")]
+    for i in range(num_layers):
+        plans.append(TensorPlan(f"blk.{i}.attn_norm.weight", (hidden,), "F32"))
+        for short, (rows, cols) in {
+            "attn_q": (heads * dim, hidden),
+            "attn_k": (kv_heads * dim, hidden),
+            "attn_v": (kv_heads * dim, hidden),
+            "attn_output": (hidden, heads * dim),
+        }.items():
+            plans.append(TensorPlan(f"blk.{i}.{short}.weight", (rows, cols), "Q8_0"))
+            plans.append(TensorPlan(f"blk.{i}.{short}.bias", (rows,), "F32"))
+        plans.append(TensorPlan(f"blk.{i}.attn_sinks.weight", (heads,), "F32"))
+        plans.append(TensorPlan(f"blk.{i}.post_attention_norm.weight", (hidden,), "F32"))
+        plans.append(TensorPlan(f"blk.{i}.ffn_gate_inp.weight", (experts, hidden), "F32"))
+        plans.append(TensorPlan(f"blk.{i}.ffn_gate_inp.bias", (experts,), "F32"))
+        for short, (rows, cols) in {
+            "ffn_gate_exps": (width, hidden),
+            "ffn_up_exps": (width, hidden),
+            "ffn_down_exps": (hidden, width),
+        }.items():
+            plans.append(TensorPlan(f"blk.{i}.{short}.weight", (experts, rows, cols), "MXFP4"))
+            plans.append(TensorPlan(f"blk.{i}.{short}.bias", (experts, rows), "F32"))
+    plans.append(TensorPlan("output_norm.weight", (hidden,), "F32"))
+    plans.append(TensorPlan("output.weight", (vocab_size, hidden), "Q8_0"))
+    return plans
+
+
 def plan_moe_tensors(type_name: str, num_layers: int, vocab_size: int, shape: dict) -> list[TensorPlan]:
     """A qwen3moe model's tensors in llama.cpp's names and order: norms and the router F32."""
     hidden, heads, kv_heads, dim = shape["hidden"], shape["num_heads"], shape["num_kv_heads"], shape["head_dim"]
@@ -160,6 +205,11 @@ def random_blocks(rows: int, cols: int, type_name: str, rng: np.random.Generator
         raise ValueError(f"a row of {cols} values is not a whole number of {type_name} blocks ({block_size} values)")
     num_blocks = rows * cols // block_size
     blocks = rng.integers(0, 256, size=(num_blocks, type_size), dtype=np.uint8)  # [num_blocks, type_size]
+    if type_name == "MXFP4":
+        # byte 0 is the block's exponent e (scale 2^(e - 128) over levels up to 12, RMS about 5.9): e = 120
+        # gives an RMS near WEIGHT_RMS; the 16 bytes of 4-bit codes after it are any bits
+        blocks[:, 0] = rng.integers(119, 122, size=num_blocks, dtype=np.uint8)
+        return blocks.reshape(rows, cols // block_size * type_size)
     scale = WEIGHT_RMS / UNIT_RMS[type_name]
     for offset in F16_FIELDS[type_name]:
         # random signs: the weights average zero even where dmin*m would shift them
@@ -223,17 +273,24 @@ def write_bench_model(
     vocab_size = len(next(value for key, value, _, _ in tokenizer if key == "tokenizer.ggml.tokens"))
 
     path = Path(path)
-    spec = {**QWEN3_MOE, **(moe or {})}
-    moe = shape == "qwen3moe"
+    gpt_oss = shape == "gpt-oss"
+    if gpt_oss != (type_name == "MXFP4"):
+        raise ValueError("MXFP4 is the gpt-oss shape's type, and the only one it takes")
+    spec = {**(GPT_OSS if gpt_oss else QWEN3_MOE), **(moe or {})}
+    moe = shape in ("qwen3moe", "gpt-oss")
     if moe:
         hidden, num_heads, num_kv_heads, head_dim = (
             spec[k] for k in ("hidden", "num_heads", "num_kv_heads", "head_dim")
         )
-        ffn_hidden, rope_theta, rms_eps = spec["ffn_hidden"], spec["rope_theta"], spec["rms_eps"]
+        ffn_hidden, rope_theta, rms_eps = (
+            spec.get("ffn_hidden", spec["expert_ffn"]),
+            spec["rope_theta"],
+            spec["rms_eps"],
+        )
         context_length = spec["context_length"]
     elif shape != "1b":
-        raise ValueError(f"unknown shape {shape!r}; choose 1b or qwen3moe")
-    writer = gguf.GGUFWriter(path, "qwen3moe" if moe else "llama")
+        raise ValueError(f"unknown shape {shape!r}; choose 1b, qwen3moe or gpt-oss")
+    writer = gguf.GGUFWriter(path, shape if moe else "llama")
     writer.add_name(path.stem)
     writer.add_file_type(FILE_TYPES[type_name])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -253,10 +310,17 @@ def write_bench_model(
         writer.add_expert_count(spec["num_experts"])
         writer.add_expert_used_count(spec["experts_used"])
         writer.add_expert_feed_forward_length(spec["expert_ffn"])
+    if gpt_oss:
+        writer.add_sliding_window(spec["sliding_window"])
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(spec["yarn_factor"])
+        writer.add_rope_scaling_orig_ctx_len(spec["yarn_original"])
     for key, value, value_type, sub_type in tokenizer:
         writer.add_key_value(key, value, value_type, sub_type)
 
-    if moe:
+    if gpt_oss:
+        plans = plan_gpt_oss_tensors(num_layers, vocab_size, spec)
+    elif moe:
         plans = plan_moe_tensors(type_name, num_layers, vocab_size, spec)
     else:
         plans = plan_tensors(type_name, num_layers, vocab_size, hidden, num_heads, num_kv_heads, head_dim, ffn_hidden)
@@ -276,7 +340,7 @@ def write_bench_model(
     rng = np.random.default_rng(seed)
     for plan in plans:
         if plan.type_name == "F32":
-            writer.write_tensor_data(np.ones(plan.shape, dtype=np.float32))
+            writer.write_tensor_data(_float_values(plan, rng))
         else:
             *outer, cols = plan.shape
             blocks = random_blocks(int(np.prod(outer)), cols, plan.type_name, rng)
@@ -285,11 +349,25 @@ def write_bench_model(
     return path
 
 
+def _float_values(plan: TensorPlan, rng: np.random.Generator) -> np.ndarray:
+    """Norms 1, biases and sinks 0, a router random (so each token picks its own experts)."""
+    if plan.name.endswith((".bias", "attn_sinks.weight")):
+        return np.zeros(plan.shape, dtype=np.float32)
+    if len(plan.shape) == 2:
+        return rng.normal(0.0, WEIGHT_RMS, plan.shape).astype(np.float32)
+    return np.ones(plan.shape, dtype=np.float32)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", type=Path, help="folder for the bench-1b-<type>.gguf files")
     parser.add_argument("--types", default="Q4_K_M,Q4_0,Q8_0", help="comma-separated: Q4_K_M, Q4_0, Q8_0")
-    parser.add_argument("--shape", choices=("1b", "qwen3moe"), default="1b", help="Llama-3.2-1B's or Qwen3-30B-A3B's")
+    parser.add_argument(
+        "--shape",
+        choices=("1b", "qwen3moe", "gpt-oss"),
+        default="1b",
+        help="Llama-3.2-1B's, Qwen3-30B-A3B's or gpt-oss-20b's",
+    )
     parser.add_argument("--layers", type=int, default=None, help="number of transformer blocks (16; qwen3moe: 4)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -304,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     for type_name in type_names:
         start = time.perf_counter()
         path = args.out_dir / f"bench-{args.shape}-{type_name}.gguf"
-        layers = args.layers or (4 if args.shape == "qwen3moe" else 16)
+        layers = args.layers or (16 if args.shape == "1b" else 4)
         path = write_bench_model(path, type_name, layers, args.seed, shape=args.shape, tokenizer_gguf=args.tokenizer)
         size = path.stat().st_size
         print(f"{path}  {size / 2**20:.1f} MiB ({size} bytes)  in {time.perf_counter() - start:.1f} s")

@@ -162,3 +162,55 @@ def test_llama_cpp_runs_the_qwen3moe_file(tmp_path, starter_gguf):
     assert model.n_vocab() == 49152
     out = model("Hello", max_tokens=3, temperature=0.0)
     assert out["usage"]["completion_tokens"] >= 1
+
+
+TINY_OSS = {"hidden": 256, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64, "num_experts": 4, "experts_used": 2,
+            "expert_ffn": 256, "sliding_window": 8}  # fmt: skip
+
+
+def test_a_gpt_oss_file_has_mxfp4_experts_with_biases_and_sinks(tmp_path, starter_gguf):
+    import gguf
+
+    path = bench.write_bench_model(
+        tmp_path / "oss.gguf", "MXFP4", 2, shape="gpt-oss", moe=TINY_OSS, tokenizer_gguf=starter_gguf
+    )
+    reader = gguf.GGUFReader(path, "r")
+    assert reader.fields["general.architecture"].contents() == "gpt-oss"
+    assert reader.fields["gpt-oss.attention.sliding_window"].contents() == 8
+    assert reader.fields["gpt-oss.rope.scaling.type"].contents() == "yarn"
+    tensors = {t.name: t for t in reader.tensors}
+    assert tensors["blk.0.ffn_up_exps.weight"].tensor_type.name == "MXFP4"
+    assert [int(n) for n in tensors["blk.1.ffn_down_exps.bias"].shape] == [256, 4]
+    assert tensors["blk.0.attn_q.weight"].tensor_type.name == "Q8_0"
+    assert {"blk.0.attn_sinks.weight", "blk.1.ffn_gate_inp.bias", "blk.0.post_attention_norm.weight"} <= tensors.keys()
+    with pytest.raises(ValueError, match="MXFP4"):
+        bench.write_bench_model(
+            tmp_path / "x.gguf", "Q4_0", 1, shape="gpt-oss", moe=TINY_OSS, tokenizer_gguf=starter_gguf
+        )
+
+
+@pytest.mark.parametrize("shape, type_name, spec", [("qwen3moe", "Q8_0", TINY_MOE), ("gpt-oss", "MXFP4", TINY_OSS)])
+def test_tandem_follows_llama_cpps_greedy_tokens_on_the_moe_files(tmp_path, starter_gguf, shape, type_name, spec):
+    """llama.cpp's own greedy continuation, read back by Tandem in float32: at every position where Tandem's top
+    two logits are apart (not a near-tie), llama.cpp's token is Tandem's first choice."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from engine import Model
+    from engine.cache import Cache
+    from engine.models import Batch
+
+    path = bench.write_bench_model(
+        tmp_path / "m.gguf", type_name, 2, shape=shape, moe=spec, tokenizer_gguf=starter_gguf
+    )
+    theirs = llama_cpp.Llama(str(path), n_ctx=128, n_threads=1, verbose=False)
+    prompt = theirs.tokenize(b"The river had frozen early that year", add_bos=False)
+    out = theirs.generate(prompt, temp=0.0)
+    generated = [next(out) for _ in range(8)]
+    model = Model.load(path, dtype=torch.float32)
+    ids = prompt + generated
+    cache = Cache(model, 128, page_size=16, sliding_tokens=128)
+    batch = Batch.build(cache, [list(range(8))], [0], [len(ids)], logits="all")
+    logits = model(torch.tensor(ids), batch.positions(), batch)[len(prompt) - 1 : -1]
+    top2 = logits.topk(2, dim=-1)
+    clear = (top2.values[:, 0] - top2.values[:, 1]) > 0.05
+    assert clear.any()
+    assert torch.equal(top2.indices[clear, 0], torch.tensor(generated)[clear])
