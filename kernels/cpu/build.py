@@ -73,7 +73,16 @@ def cache_folder() -> Path:
     return Path(os.environ.get("TANDEM_KERNEL_CACHE") or platformdirs.user_cache_path("Tandem") / "kernels")
 
 
-KERNELS = ("paged_decode", "paged_prefill", "int4_matmul", "elementwise", "kquant_matmul", "block32_matmul", "kv_quant")
+KERNELS = (
+    "paged_decode",
+    "paged_prefill",
+    "paged_prefill_quant",
+    "int4_matmul",
+    "elementwise",
+    "kquant_matmul",
+    "block32_matmul",
+    "kv_quant",
+)
 
 
 def prepare() -> None:

@@ -1,5 +1,5 @@
 /* The quantized KV cache's blocks (kernels/torch_ref/kv_quant.py defines the format) in C, shared by the write
-   kernel (kv_quant.c) and the attention over quantized pages (paged_decode.c).
+   kernel (kv_quant.c) and the attention over quantized pages (paged_decode.c, paged_prefill_quant.c).
 
    A block is 32 values rotated by the normalized Hadamard transform: a float16 scale (2 bytes), then 32 codes
    of 4, 6 or 8 bits. Everything here reproduces the twin's float32 operations one for one (its butterflies

@@ -1,19 +1,25 @@
 """Quantized KV pages (8, 6 and 4 bits; format in kernels/torch_ref/kv_quant.py) on CPU tensors through C: new
-keys and values rotated and quantized into their slots by kv_quant.c, attention by paged_decode.c.
+keys and values rotated and quantized into their slots by kv_quant.c, attention by paged_decode.c (decode
+steps) and paged_prefill_quant.c (prompts).
 
-Decode steps (one new token per sequence) take paged_decode_quant, which dequantizes each block of keys and
-values into a float32 scratch as it goes, so a step reads the quantized bytes: at 4 bits about a quarter of a
-bfloat16 cache's. Prompts (a sequence with more than one new token), whose rows would each dequantize every
-block there, take the float32 kernel (kernels/cpu/attention.py) over float32 copies of the pages they read,
-dequantized once per call, with the query rotated in and the output rotated back.
+A decode step (one new token per sequence) takes paged_decode_quant, which dequantizes each block of keys and
+values into a float32 scratch as it goes and runs the float32 kernel's block loops on it, with the query
+rotated in and the output rotated back; so a step reads the quantized bytes, at 4 bits about a quarter of a
+bfloat16 cache's. A prompt (a sequence with more than one new token) takes paged_prefill_quant, which runs its
+rows in tiles of consecutive tokens: each block a tile reads is dequantized once, and each row of the tile
+runs the decode kernel's own row functions on it (paged_rows.h), with its own online softmax. Per row that
+reads a quarter of the bytes a row-at-a-time kernel would dequantize at 16 rows a tile, and the blocks stay
+in L1 and L2 while the rows use them.
 
-Both give a row the same bits: the decode kernel runs the float32 kernel's own block loops on the scratch,
-rotates with the twin's butterflies, and the dequantized values are exact. So a token gets the same answer
-from a cold prompt, from the one token recomputed after a prefix-cache hit, and from a decode step (see
-kernels/cpu/attention.py's docstring for why that matters).
+Both give a row the same bits: a prompt's row runs over the same blocks as the decode step for its token
+(the same first key, block size and cut at its length), through the same functions, and dequantized values
+are exact, however computed. So a token gets the same answer from a cold prompt, from the one token
+recomputed after a prefix-cache hit, and from a decode step (see kernels/cpu/attention.py's docstring for why
+that matters); and each equals the float32 kernel on the dequantized pages with the rotated query.
 
 Each candidate returns None for what it does not handle (CUDA, float caches, head sizes that are not a
-multiple of 32 or over 256, GQA groups over 16, q not float32 or bfloat16), which goes on to the next backend.
+multiple of 32 or over 256, GQA groups over 16, q not float32 or bfloat16, a page table pointing outside the
+cache), which goes on to the next backend.
 """
 
 from __future__ import annotations
@@ -23,28 +29,19 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from kernels.cpu import attention as cpu_attention
 from kernels.cpu import build
 from kernels.torch_ref import kv_quant as twin
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _MAX_DIM, _MAX_GROUP = 256, 16
 _i64, _ptr, _f32, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
-_SIGNATURES = {
+
+
+def _write_kernel():
     # k, its row and head strides, v, its strides, dtype, k_cache, v_cache, their page, slot and head strides,
     # slots, num_pages, page_size, rows, heads, head_dim, bits, threads
-    "kv_quant_write": (_ptr, _i64, _i64, _ptr, _i64, _i64, _int, _ptr, _ptr, _i64, _i64, _i64, _ptr)
-    + (_i64,) * 5
-    + (_int, _i64),
-    # cache, its page, slot and head strides, ids, n, page_size, heads, head_dim, bits, out, threads
-    "kv_quant_dequantize_pages": (_ptr, _i64, _i64, _i64, _ptr) + (_i64,) * 4 + (_int, _ptr, _i64),
-    # src, dtype, dst, blocks, threads
-    "kv_quant_rotate": (_ptr, _int, _ptr, _i64, _i64),
-}
-
-
-def _kernel(name: str):
-    return build.function("kv_quant", name, _SIGNATURES[name], ctypes.c_int)
+    args = (_ptr, _i64, _i64, _ptr, _i64, _i64, _int, _ptr, _ptr, _i64, _i64, _i64, _ptr) + (_i64,) * 5 + (_int, _i64)
+    return build.function("kv_quant", "kv_quant_write", args, ctypes.c_int)
 
 
 def _decode_kernel():
@@ -52,6 +49,13 @@ def _decode_kernel():
     # page_size, window, scale, dtype, bits, threads
     args = (_ptr,) * 4 + (_i64,) * 3 + (_ptr, _i64, _ptr) + (_i64,) * 6 + (_f32, _int, _int, _i64)
     return build.function("paged_decode", "paged_decode_quant", args, ctypes.c_int)
+
+
+def _prefill_kernel():
+    # q, k_cache, v_cache, out, cache strides, tables, table stride, seq_lens, query starts, query lens,
+    # sequences, num_pages, q heads, kv heads, head_dim, page_size, window, scale, dtype, bits, threads
+    args = (_ptr,) * 4 + (_i64,) * 3 + (_ptr, _i64, _ptr, _ptr, _ptr) + (_i64,) * 7 + (_f32, _int, _int, _i64)
+    return build.function("paged_prefill_quant", "paged_prefill_quant", args, ctypes.c_int)
 
 
 def _bits(k_cache: torch.Tensor, v_cache: torch.Tensor, head_dim: int) -> int | None:
@@ -94,7 +98,7 @@ def bind_write(k, v, k_cache, v_cache, slots, threads) -> tuple[Callable, tuple]
         return None
     if slots.dtype != torch.int64 or slots.shape != (rows,) or not slots.is_contiguous():
         return None
-    fn = _kernel("kv_quant_write")
+    fn = _write_kernel()
     if fn is None:
         return None
     return fn, (
@@ -148,7 +152,7 @@ def paged_attention(
         return None
     tables = block_tables.to(device="cpu", dtype=torch.int64).contiguous()
     if q.shape[0] != len(query_lens):
-        return _prompt(q, k_cache, v_cache, tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
+        return _prompt(q, k_cache, v_cache, tables, query_lens, seq_lens_host, scale, sliding_window)
     q = q.contiguous()
     out = torch.empty_like(q)
     lens = seq_lens.to(device="cpu", dtype=torch.int64).contiguous()
@@ -181,77 +185,23 @@ def _prompt(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     tables: torch.Tensor,
-    seq_lens: torch.Tensor,
     query_lens: Sequence[int],
     seq_lens_host: Sequence[int],
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor | None:
-    """The float32 kernel over float32 copies of the pages the sequences read, q rotated in, out rotated back."""
-    pages = _float_pages(k_cache, v_cache, tables, query_lens, seq_lens_host, sliding_window, q.shape[2])
-    if pages is None:
-        return None
-    k, v, compact = pages
-    rotated = _rotate(q)
-    if rotated is None:
-        return None
-    args = (rotated, k, v, compact, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
-    out = cpu_attention.paged_attention(*args)
-    out = None if out is None else _rotate(out)
-    return None if out is None else out.to(q.dtype)
-
-
-def _rotate(x: torch.Tensor) -> torch.Tensor | None:
-    """twin.rotate(x) (float32 or bfloat16 x) by kv_quant.c's butterflies: the same bits, at C speed."""
-    fn = _kernel("kv_quant_rotate")
-    if fn is None or x.dtype not in _DTYPES:
-        return None
-    x = x.contiguous()
-    out = torch.empty(x.shape, dtype=torch.float32)
-    status = fn(x.data_ptr(), _DTYPES[x.dtype], out.data_ptr(), x.numel() // twin.GROUP, torch.get_num_threads())
-    return out if status == 0 else None
-
-
-def _float_pages(
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    tables: torch.Tensor,
-    query_lens: Sequence[int],
-    seq_lens_host: Sequence[int],
-    sliding_window: int | None,
-    head_dim: int,
-):
-    """(k, v, tables): the pages the sequences' new tokens read, dequantized into a float32 cache of just those
-    pages ([pages, page_size, heads, head_dim], head-major memory as the CPU cache), and the tables renumbered
-    into it (entries for pages no token reads, before a sliding window, are left 0); None where the kernel
-    cannot be had."""
-    fn = _kernel("kv_quant_dequantize_pages")
+    """paged_prefill_quant over the sequences' new tokens (their query rows one after another in q)."""
+    fn = _prefill_kernel()
     if fn is None:
         return None
-    bits, page_size, heads = twin.bits_of(k_cache, head_dim), k_cache.shape[1], k_cache.shape[2]
-    window = sliding_window or 0
-    # a sequence's first new token sees the keys from max(0, its length - window) on (as the kernel counts)
-    first = [max(0, end - n + 1 - window) if window else 0 for n, end in zip(query_lens, seq_lens_host)]
-    lo = torch.tensor([key // page_size for key in first], dtype=torch.int64)
-    used = torch.tensor([(n + page_size - 1) // page_size for n in seq_lens_host], dtype=torch.int64)
-    width = max(int(used.max()), 1)
-    read = tables[:, :width].contiguous()
-    columns = torch.arange(width)
-    reads = (columns >= lo[:, None]) & (columns < used[:, None])  # [sequences, width]: the entries read
-    ids = torch.unique(read[reads])  # sorted
-    if ids.numel() and (ids[0] < 0 or ids[-1] >= k_cache.shape[0]):
-        return None  # a page outside the cache: the twin raises the error
-    compact = torch.zeros_like(tables)
-    compact[:, :width] = torch.where(reads, torch.searchsorted(ids, read).clamp(max=max(ids.numel() - 1, 0)), 0)
-    caches = []
-    for cache in (k_cache, v_cache):
-        out = torch.empty(ids.numel(), heads, page_size, head_dim, dtype=torch.float32)  # head-major memory
-        strides = cache.stride()[:3]
-        status = fn(
-            cache.data_ptr(), *strides, ids.data_ptr(), ids.numel(), page_size, heads, head_dim, bits, out.data_ptr(),
-            torch.get_num_threads(),
-        )  # fmt: skip
-        if status != 0:
-            return None
-        caches.append(out.permute(0, 2, 1, 3))
-    return caches[0], caches[1], compact
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    lens = torch.tensor(list(seq_lens_host), dtype=torch.int64)
+    counts = torch.tensor(list(query_lens), dtype=torch.int64)
+    starts = torch.cumsum(counts, 0) - counts
+    pointers = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), *k_cache.stride()[:3])
+    rows = (lens.data_ptr(), starts.data_ptr(), counts.data_ptr(), len(query_lens), k_cache.shape[0])
+    sizes = (q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], sliding_window or 0)
+    bits = twin.bits_of(k_cache, q.shape[2])
+    args = (*pointers, tables.data_ptr(), tables.stride(0), *rows, *sizes, scale, _DTYPES[q.dtype], bits)
+    return out if fn(*args, torch.get_num_threads()) == 0 else None

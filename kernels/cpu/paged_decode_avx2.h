@@ -1,12 +1,14 @@
-/* paged_decode.c's vector path for CPUs with AVX2 and FMA but no AVX-512 (most laptops): run_task_avx512's
-   plan in 8 float lanes, float32 throughout. Included by paged_decode.c only, after Work, block_offsets,
-   store_row and the quantized caches' helpers (load_rotated, store_rotated, dequantize_rows).
+/* The row functions of paged_rows.h for CPUs with AVX2 and FMA but no AVX-512 (most laptops):
+   paged_decode_avx512.h's plan in 8 float lanes, float32 throughout, and the decode task built from them.
+   Included by paged_decode.c (its instances) and paged_prefill_quant.c (a quantized prompt's tiles, whose rows
+   run these same functions on blocks dequantized once per tile), after paged_rows.h.
 
    A row's arithmetic depends on its own query, length and window only: blocks start at its first visible key,
    the dot-product chains and the lane sums have a fixed order, and nothing is shared with other rows or
-   threads. So a token gets the same bits alone, in a 512-row prompt, or beside other sequences. (Sharing a
-   prompt's keys between its rows would save loads and the widening below, not the multiply-adds, which
-   are most of the time; so rows stay apart.)
+   threads. So a token gets the same bits alone, in a 512-row prompt, or beside other sequences. (Over a
+   bfloat16 cache rows stay apart: sharing a prompt's keys between its rows would save loads and the widening
+   below, not the multiply-adds, which are most of the time. A quantized block costs about as much to
+   dequantize as one row's multiply-adds over it, so there a prompt's rows share it.)
 
    Where the time went, and why the loops look as they do (Zen 3, 9 query heads over 3 KV heads, dim 64):
    - AVX2 has 16 registers. Accumulators that spill turn each multiply-add chain into a store and a reload,
@@ -129,44 +131,147 @@ static __attribute__((noinline)) void store_avx2(const Work *w, int64_t offset, 
    AVX2's 16 registers. It changes no chain, only how many run side by side. */
 static inline int64_t at_once(int64_t group) { return group == 1 ? 8 : group == 2 ? 4 : group <= 4 ? 2 : 1; }
 
-/* One (row, KV head) task in TOKENS-token blocks: each key and value row is read once for the whole GQA
-   group. `group`, `chunks` (head_dim / 8) and `dtype` are constants where the dispatcher below instantiates
-   it, so the loops unroll. Per block: the group's dot products (per query head and key one chain of fused
-   multiply-adds over the dims, its 8 lanes then summed by sum_lanes8), the online softmax, then each
-   accumulator slice shrunk and fed the block's values in token order.
+/* Where a row's state lives on this path (paged_rows.h's Row): query head g's dims 8c .. 8c + 7 at
+   [g * chunks + c] of q and acc. */
+typedef struct {
+    __m256 *q, *acc;
+    float *running_max, *running_sum;
+} RowAvx2;
 
-   The float32 instances serve quantized caches too (`quant`, one branch a block, which measured free): the
-   block's keys and then its values are dequantized into `scratch` (64 rows: 16 KiB at head_dim 64, in L1) and
-   read from there as float32 rows; q is rotated in and the output rotated back (see paged_decode.c). */
+/* The row's queries (of q's row `row`), scaled, and its empty accumulators. A quantized cache's (`quant`) are
+   rotated in. `group`, `chunks` (head_dim / 8) and `dtype` are constants where the functions below are inlined
+   into an instance, so their loops unroll. */
+static inline __attribute__((always_inline)) void row_start_avx2(const Work *w, int64_t row, int64_t kv_head,
+                                                                 const RowAvx2 *r, const int64_t group,
+                                                                 const int64_t chunks, const int dtype,
+                                                                 const int quant) {
+    float rotated[MAX_DIM];
+    const __m256 scale = _mm256_set1_ps(w->scale);
+    for (int64_t g = 0; g < group; g++) {
+        const int64_t at = head_offset(w, row, kv_head, g);
+        if (quant) load_rotated(w, at, rotated);
+        for (int64_t c = 0; c < chunks; c++) {
+            const __m256 x = quant ? _mm256_loadu_ps(rotated + 8 * c) : load8(w->q, at, c, chunks, dtype);
+            r->q[g * chunks + c] = _mm256_mul_ps(x, scale);
+            r->acc[g * chunks + c] = _mm256_setzero_ps();
+        }
+        r->running_max[g] = -INFINITY;
+        r->running_sum[g] = 0.0f;
+    }
+}
+
+/* A block's keys for the row: key j is the row at k_base + at[j] (at has TOKENS entries; those past `count`
+   repeat the last key, whose lanes the softmax masks). The group's dot products (per query head and key one
+   chain of fused multiply-adds over the dims, its 8 lanes then summed by sum_lanes8) go through `partial`,
+   the softmax's weights to `weights`, and the accumulators are shrunk. */
+static inline __attribute__((always_inline)) void row_keys_avx2(const RowAvx2 *r, __m256 (*partial)[TOKENS],
+                                                                float (*weights)[TOKENS], const void *k_base,
+                                                                const int64_t *at, int64_t count,
+                                                                const int64_t group, const int64_t chunks,
+                                                                const int dtype, const int64_t keys) {
+    for (int64_t j0 = 0; j0 < count; j0 += keys) {
+        __m256 sums[8][MAX_GROUP];
+#pragma GCC unroll 8
+        for (int64_t t = 0; t < keys; t++)
+#pragma GCC unroll 16
+            for (int64_t g = 0; g < group; g++) sums[t][g] = _mm256_setzero_ps();
+#pragma GCC unroll 32
+        for (int64_t c = 0; c < chunks; c++) {
+#pragma GCC unroll 8
+            for (int64_t t = 0; t < keys; t++) {
+                const __m256 key = load8(k_base, at[j0 + t], c, chunks, dtype);
+#pragma GCC unroll 16
+                for (int64_t g = 0; g < group; g++)
+                    sums[t][g] = _mm256_fmadd_ps(r->q[g * chunks + c], key, sums[t][g]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int64_t t = 0; t < keys; t++)
+#pragma GCC unroll 16
+            for (int64_t g = 0; g < group; g++) partial[g][j0 + t] = sums[t][g];
+    }
+    for (int64_t g = 0; g < group; g++) {
+        __m256 scores[TOKENS / 8];
+        for (int b = 0; b < (count + 7) / 8; b++) scores[b] = sum_lanes8(partial[g] + 8 * b);
+        const float shrink = softmax_avx2(scores, count, &r->running_max[g], &r->running_sum[g], weights[g]);
+        /* here rather than as the accumulators are loaded below, where the group's factors took registers */
+        const __m256 factor = _mm256_set1_ps(shrink);
+#pragma GCC unroll 32
+        for (int64_t c = 0; c < chunks; c++) r->acc[g * chunks + c] = _mm256_mul_ps(r->acc[g * chunks + c], factor);
+    }
+}
+
+/* The block's values (value j at v_base + at[j]) into the accumulators, each 8-dim slice fed in token order. */
+static inline __attribute__((always_inline)) void row_values_avx2(const RowAvx2 *r, float (*weights)[TOKENS],
+                                                                  const void *v_base, const int64_t *at,
+                                                                  int64_t count, const int64_t group,
+                                                                  const int64_t chunks, const int dtype,
+                                                                  const int64_t slices) {
+#pragma GCC unroll 32
+    for (int64_t c0 = 0; c0 < chunks; c0 += slices) {
+        const int64_t width = chunks - c0 < slices ? chunks - c0 : slices;
+        __m256 sums[8][MAX_GROUP];
+#pragma GCC unroll 8
+        for (int64_t s = 0; s < width; s++)
+#pragma GCC unroll 16
+            for (int64_t g = 0; g < group; g++) sums[s][g] = r->acc[g * chunks + c0 + s];
+        for (int64_t j = 0; j < count; j++) {
+#pragma GCC unroll 8
+            for (int64_t s = 0; s < width; s++) {
+                const __m256 value = load8(v_base, at[j], c0 + s, chunks, dtype);
+#pragma GCC unroll 16
+                for (int64_t g = 0; g < group; g++)
+                    sums[s][g] = _mm256_fmadd_ps(_mm256_broadcast_ss(&weights[g][j]), value, sums[s][g]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int64_t s = 0; s < width; s++)
+#pragma GCC unroll 16
+            for (int64_t g = 0; g < group; g++) r->acc[g * chunks + c0 + s] = sums[s][g];
+    }
+}
+
+/* The row's output: accumulators over their sums, rotated back for a quantized cache, rounded to out's type. */
+static inline __attribute__((always_inline)) void row_finish_avx2(const Work *w, int64_t row, int64_t kv_head,
+                                                                  const RowAvx2 *r, const int64_t group,
+                                                                  const int64_t chunks, const int dtype,
+                                                                  const int quant) {
+    for (int64_t g = 0; g < group; g++) {
+        const float inv = r->running_sum[g] > 0.0f ? 1.0f / r->running_sum[g] : 0.0f;
+        const int64_t at = head_offset(w, row, kv_head, g);
+        if (quant) {
+            float out[MAX_DIM];
+            for (int64_t c = 0; c < chunks; c++) _mm256_storeu_ps(out + 8 * c, r->acc[g * chunks + c]);
+            store_rotated(w, at, out, inv);
+        } else {
+            store_avx2(w, at, r->acc + g * chunks, chunks, dtype, inv);
+        }
+    }
+}
+
+/* One decode task, a (row, KV head), in TOKENS-token blocks: each key and value row is read once for the whole
+   GQA group. The float32 instances serve quantized caches too (`quant`, one branch a block, which measured
+   free): the block's keys and then its values are dequantized into `scratch` (64 rows: 16 KiB at head_dim 64,
+   in L1) and read from there as float32 rows; q is rotated in and the output rotated back (see paged_rows.h). */
 static inline __attribute__((always_inline)) void task_avx2(const Work *w, int64_t task, const int64_t group,
                                                             const int64_t chunks, const int dtype) {
     const int quant = dtype == 0 && w->bits != 0;
     const int64_t seq = task / w->num_kv_heads, kv_head = task % w->num_kv_heads;
     const int64_t length = w->seq_lens[seq];
-    const int64_t first = w->window > 0 && length > w->window ? length - w->window : 0;
     const int64_t *table = w->tables + seq * w->table_stride;
-    const int64_t keys = at_once(group), slices = keys;
 
-    __m256 q[MAX_GROUP][MAX_DIM / 8], acc[MAX_GROUP][MAX_DIM / 8], partial[MAX_GROUP][TOKENS];
+    __m256 q[MAX_GROUP * MAX_DIM / 8], acc[MAX_GROUP * MAX_DIM / 8];
     float running_max[MAX_GROUP], running_sum[MAX_GROUP];
+    const RowAvx2 r = {q, acc, running_max, running_sum};
+    __m256 partial[MAX_GROUP][TOKENS];
     float weights[MAX_GROUP][TOKENS] __attribute__((aligned(32)));
-    float rotated[MAX_DIM], scratch[TOKENS * MAX_DIM] __attribute__((aligned(32)));
+    float scratch[TOKENS * MAX_DIM] __attribute__((aligned(32)));
     int64_t rows[TOKENS];
-    const __m256 scale = _mm256_set1_ps(w->scale);
-    for (int64_t g = 0; g < group; g++) {
-        const int64_t at = (seq * w->num_q_heads + kv_head * group + g) * w->head_dim;
-        if (quant) load_rotated(w, at, rotated);
-        for (int64_t c = 0; c < chunks; c++) {
-            const __m256 row = quant ? _mm256_loadu_ps(rotated + 8 * c) : load8(w->q, at, c, chunks, dtype);
-            q[g][c] = _mm256_mul_ps(row, scale);
-            acc[g][c] = _mm256_setzero_ps();
-        }
+    row_start_avx2(w, seq, kv_head, &r, group, chunks, dtype, quant);
+    for (int64_t g = 0; g < group; g++)
         for (int64_t j = 0; j < TOKENS; j++) partial[g][j] = _mm256_setzero_ps();
-        running_max[g] = -INFINITY;
-        running_sum[g] = 0.0f;
-    }
 
-    for (int64_t start = first; start < length; start += TOKENS) {
+    for (int64_t start = row_first(w, length); start < length; start += TOKENS) {
         const int64_t count = length - start < TOKENS ? length - start : TOKENS;
         int64_t offsets[TOKENS];
         block_offsets(w, table, kv_head, start, count, offsets);
@@ -180,115 +285,9 @@ static inline __attribute__((always_inline)) void task_avx2(const Work *w, int64
             k_base = v_base = scratch;
             at = rows;
         }
-        for (int64_t j0 = 0; j0 < count; j0 += keys) {
-            __m256 sums[8][MAX_GROUP];
-#pragma GCC unroll 8
-            for (int64_t t = 0; t < keys; t++)
-#pragma GCC unroll 16
-                for (int64_t g = 0; g < group; g++) sums[t][g] = _mm256_setzero_ps();
-#pragma GCC unroll 32
-            for (int64_t c = 0; c < chunks; c++) {
-#pragma GCC unroll 8
-                for (int64_t t = 0; t < keys; t++) {
-                    const __m256 key = load8(k_base, at[j0 + t], c, chunks, dtype);
-#pragma GCC unroll 16
-                    for (int64_t g = 0; g < group; g++) sums[t][g] = _mm256_fmadd_ps(q[g][c], key, sums[t][g]);
-                }
-            }
-#pragma GCC unroll 8
-            for (int64_t t = 0; t < keys; t++)
-#pragma GCC unroll 16
-                for (int64_t g = 0; g < group; g++) partial[g][j0 + t] = sums[t][g];
-        }
-        for (int64_t g = 0; g < group; g++) {
-            __m256 scores[TOKENS / 8];
-            for (int b = 0; b < (count + 7) / 8; b++) scores[b] = sum_lanes8(partial[g] + 8 * b);
-            const float shrink = softmax_avx2(scores, count, &running_max[g], &running_sum[g], weights[g]);
-            /* here rather than as the accumulators are loaded below, where the group's factors took registers */
-            const __m256 factor = _mm256_set1_ps(shrink);
-#pragma GCC unroll 32
-            for (int64_t c = 0; c < chunks; c++) acc[g][c] = _mm256_mul_ps(acc[g][c], factor);
-        }
+        row_keys_avx2(&r, partial, weights, k_base, at, count, group, chunks, dtype, at_once(group));
         if (quant) dequantize_rows(w, w->v, offsets, count, scratch);
-#pragma GCC unroll 32
-        for (int64_t c0 = 0; c0 < chunks; c0 += slices) {
-            const int64_t width = chunks - c0 < slices ? chunks - c0 : slices;
-            __m256 sums[8][MAX_GROUP];
-#pragma GCC unroll 8
-            for (int64_t s = 0; s < width; s++)
-#pragma GCC unroll 16
-                for (int64_t g = 0; g < group; g++) sums[s][g] = acc[g][c0 + s];
-            for (int64_t j = 0; j < count; j++) {
-#pragma GCC unroll 8
-                for (int64_t s = 0; s < width; s++) {
-                    const __m256 value = load8(v_base, at[j], c0 + s, chunks, dtype);
-#pragma GCC unroll 16
-                    for (int64_t g = 0; g < group; g++)
-                        sums[s][g] = _mm256_fmadd_ps(_mm256_broadcast_ss(&weights[g][j]), value, sums[s][g]);
-                }
-            }
-#pragma GCC unroll 8
-            for (int64_t s = 0; s < width; s++)
-#pragma GCC unroll 16
-                for (int64_t g = 0; g < group; g++) acc[g][c0 + s] = sums[s][g];
-        }
+        row_values_avx2(&r, weights, v_base, at, count, group, chunks, dtype, at_once(group));
     }
-
-    for (int64_t g = 0; g < group; g++) {
-        const float inv = running_sum[g] > 0.0f ? 1.0f / running_sum[g] : 0.0f;
-        const int64_t at = (seq * w->num_q_heads + kv_head * group + g) * w->head_dim;
-        if (quant) {
-            float row[MAX_DIM];
-            for (int64_t c = 0; c < chunks; c++) _mm256_storeu_ps(row + 8 * c, acc[g][c]);
-            store_rotated(w, at, row, inv);
-        } else {
-            store_avx2(w, at, acc[g], chunks, dtype, inv);
-        }
-    }
-}
-
-/* Instances for head sizes 64 and 128, GQA groups 1 to 8, both element types; others take the general one.
-   Built in two parts (kernels/cpu/build.py's PARTS), part T makes element type T's (0 float32, 1 bfloat16)
-   and its general one, and hands them to the other part through its table. */
-typedef void (*Task)(const Work *, int64_t);
-typedef struct {
-    Task sized[2][8]; /* [head size 64 or 128][group - 1] */
-    Task any;
-} Tasks;
-#ifdef TANDEM_PART
-#define TABLE_LINKAGE __attribute__((visibility("hidden")))
-#else
-#define TABLE_LINKAGE static
-#endif
-#define INSTANCE(T, G, C) \
-    static void task_t##T##_g##G##_c##C(const Work *w, int64_t task) { task_avx2(w, task, G, C, T); }
-#define EACH_GROUP(T, C) INSTANCE(T, 1, C) INSTANCE(T, 2, C) INSTANCE(T, 3, C) INSTANCE(T, 4, C) INSTANCE(T, 5, C) \
-    INSTANCE(T, 6, C) INSTANCE(T, 7, C) INSTANCE(T, 8, C)
-#define ROW(T, C) {task_t##T##_g1_c##C, task_t##T##_g2_c##C, task_t##T##_g3_c##C, task_t##T##_g4_c##C, \
-                   task_t##T##_g5_c##C, task_t##T##_g6_c##C, task_t##T##_g7_c##C, task_t##T##_g8_c##C}
-#define ELEMENT_TYPE(T)                                                                                            \
-    EACH_GROUP(T, 8)                                                                                               \
-    EACH_GROUP(T, 16)                                                                                              \
-    static void task_t##T##_any(const Work *w, int64_t task) {                                                     \
-        task_avx2(w, task, w->num_q_heads / w->num_kv_heads, w->head_dim / 8, T);                                 \
-    }                                                                                                              \
-    TABLE_LINKAGE const Tasks tasks_t##T = {{ROW(T, 8), ROW(T, 16)}, task_t##T##_any};
-#if !defined(TANDEM_PART) || TANDEM_PART == 0
-ELEMENT_TYPE(0)
-#else
-extern TABLE_LINKAGE const Tasks tasks_t0;
-#endif
-#if !defined(TANDEM_PART) || TANDEM_PART == 1
-ELEMENT_TYPE(1)
-#else
-extern TABLE_LINKAGE const Tasks tasks_t1;
-#endif
-
-static void run_task_avx2(const Work *w, int64_t task) {
-    const int64_t group = w->num_q_heads / w->num_kv_heads, chunks = w->head_dim / 8;
-    const Tasks *tasks = w->dtype == 1 && !w->bits ? &tasks_t1 : &tasks_t0; /* float32 math for quantized caches */
-    if ((chunks == 8 || chunks == 16) && group <= 8)
-        tasks->sized[chunks / 16][group - 1](w, task);
-    else
-        tasks->any(w, task);
+    row_finish_avx2(w, seq, kv_head, &r, group, chunks, dtype, quant);
 }

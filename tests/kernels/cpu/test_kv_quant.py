@@ -10,10 +10,12 @@ Attention: close to the twin (kernels/torch_ref/attention.py over uint8 pages) f
 head sizes 32, 64, 128 and 96 (no instance of its own), sliding windows, scattered and shared page tables,
 plain and head-major layouts, float32 and bfloat16 queries; and to the bit: a decode row equals the float32
 kernel on the dequantized pages with the rotated query, its output rotated back (the design's invariant), and
-a prompt's rows (the float32 path over dequantized pages) equal the same tokens decoded one at a time, alone
-or beside other sequences. Declined: head sizes not a multiple of 32, float caches, float16 queries, GQA
-groups over 16, a uint8 row of no format. The portable build (TANDEM_CPU_KERNEL_ARCH=x86-64) runs the same
-tests in a child process, and so does the AVX2 build (x86-64-v3) on an AVX-512 CPU.
+a prompt's rows (paged_prefill_quant's tiles) equal the same tokens decoded one at a time, alone or beside
+other sequences: GQA groups 1 to 8 and 16, head sizes 32 to 128, cold prompts and chunks after cached tokens,
+lengths that are no multiple of a tile or a block, sliding windows of one key to more than a block. Declined:
+head sizes not a multiple of 32, float caches, float16 queries, GQA groups over 16, a uint8 row of no format,
+a prompt whose page table points outside the cache. The portable build (TANDEM_CPU_KERNEL_ARCH=x86-64) runs
+the same tests in a child process, and so does the AVX2 build (x86-64-v3) on an AVX-512 CPU.
 """
 
 from __future__ import annotations
@@ -159,9 +161,9 @@ def test_sliding_windows(name, window):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("name", FORMATS)
 def test_a_prompts_rows_equal_its_tokens_decoded_one_at_a_time(name, dtype, window):
-    """A prompt (the float32 kernel over dequantized pages) and a decode step (paged_decode_quant) give a token
-    the same bits: a 30-token chunk over a cached history (with the window, its first pages are not read) beside
-    a one-token sequence and a short prompt."""
+    """A prompt (paged_prefill_quant) and a decode step (paged_decode_quant) give a token the same bits: a
+    30-token chunk over a cached history (with the window, its first pages are not read) beside a one-token
+    sequence and a short prompt."""
     bits = kv_quant.FORMATS[name]
     tables, lengths, query_lens = [[5, 0, 7, 2, 9, 4], [1, 3], [6, 8]], [90, 29, 5], [30, 1, 5]
     g = torch.Generator().manual_seed(bits)
@@ -184,12 +186,69 @@ def test_a_prompts_rows_equal_its_tokens_decoded_one_at_a_time(name, dtype, wind
             row += 1
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_c_rotation_equals_the_twins_to_the_bit(dtype):
-    # around a prompt's float32 attention: q in, the output back (a row with a huge channel, zeros, negatives)
-    x = torch.randn(37, 3, 64, generator=torch.Generator().manual_seed(3)).to(dtype)
-    x[0, 0, 5], x[1] = 1e4, 0.0
-    assert torch.equal(cpu_kv_quant._rotate(x), kv_quant.rotate(x))
+def decode_rows(q, k_cache, v_cache, tables, query_lens, lengths, scale, window):
+    """Each prompt row as a decode step of its own: one call, a sequence of one token per row."""
+    rows = [
+        (i, length) for i, (n, end) in enumerate(zip(query_lens, lengths)) for length in range(end - n + 1, end + 1)
+    ]
+    row_tables = tables[[i for i, _ in rows]]
+    row_lens = [length for _, length in rows]
+    one = [1] * len(rows)
+    return cpu_kv_quant.paged_attention(
+        q, k_cache, v_cache, row_tables, torch.tensor(row_lens), one, row_lens, scale, window
+    )
+
+
+# (head_dim, q heads, kv heads): GQA groups 1 to 8 at the instanced head sizes, and the general ones (head size
+# 96, group 16)
+PROMPT_SHAPES = [(64, 8, 8), (128, 4, 2), (64, 9, 3), (128, 8, 2), (64, 10, 2), (128, 12, 2), (64, 7, 1), (128, 8, 1)]
+PROMPT_SHAPES += [(96, 6, 2), (32, 16, 1)]
+
+
+@pytest.mark.parametrize("window", [None, 37])
+@pytest.mark.parametrize(("d", "hq", "hkv"), PROMPT_SHAPES)
+def test_prompt_rows_equal_decode_rows_for_every_group_and_head_size(d, hq, hkv, window):
+    """Several prompts in one call, each row to the bit its token's decode step: a cold prompt of 70 tokens, a
+    83-token chunk after 130 cached ones (rows over 3 blocks, the tiles' last rows cut mid-block), a one-token
+    sequence and a 17-token prompt; with a window, the rows' first keys move with them."""
+    name = FORMATS[(d + hq) % len(FORMATS)]
+    bits, page_size = kv_quant.FORMATS[name], 16
+    tables = [[3, 0, 6, 9, 1], [2, 4, 7, 8, 10, 11, 12, 13, 5, 14, 15, 16, 17, 18], [19], [20, 21]]
+    lengths, query_lens = [70, 213, 9, 17], [70, 83, 1, 17]
+    g = torch.Generator().manual_seed(d * hq + hkv)
+    k_cache, v_cache = filled(tables, lengths, bits, hkv, d, page_size, g)
+    dtype = torch.bfloat16 if hq % 2 else torch.float32
+    q = torch.randn(sum(query_lens), hq, d, generator=g).to(dtype)
+    block_tables = padded(tables)
+    args = (k_cache, v_cache, block_tables, torch.tensor(lengths), query_lens, lengths, 0.125, window)
+    got = cpu_kv_quant.paged_attention(q, *args)
+    assert got is not None and got.dtype == dtype
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), twin_attention(q, *args).float(), atol=tolerance, rtol=tolerance)
+    want = decode_rows(q, k_cache, v_cache, block_tables, query_lens, lengths, 0.125, window)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("window", [None, 1, 64, 100])
+def test_long_prompt_rows_equal_decode_rows(window):
+    """A 300-token chunk after 200 cached tokens in 256-slot pages (the engine's): many tiles, several blocks
+    per row, windows of one key, of exactly a block, and longer than one."""
+    bits, tables, lengths, query_lens = 4, [[1, 0]], [500], [300]
+    g = torch.Generator().manual_seed(window or 0)
+    k_cache, v_cache = filled(tables, lengths, bits, 2, 64, 256, g)
+    q = torch.randn(300, 6, 64, generator=g).to(torch.bfloat16)
+    block_tables = padded(tables)
+    got = cpu_kv_quant.paged_attention(q, k_cache, v_cache, block_tables, torch.tensor(lengths), query_lens, lengths,
+                                       0.125, window)  # fmt: skip
+    want = decode_rows(q, k_cache, v_cache, block_tables, query_lens, lengths, 0.125, window)
+    assert got is not None and torch.equal(got, want)
+
+
+def test_a_prompt_over_a_page_outside_the_cache_is_declined():
+    k_cache, v_cache = quant_cache(2, 16, 2, 64, 4), quant_cache(2, 16, 2, 64, 4)
+    q = torch.randn(20, 4, 64)
+    tables = torch.tensor([[0, 2]])  # the second page is past the cache's two
+    assert cpu_kv_quant.paged_attention(q, k_cache, v_cache, tables, torch.tensor([20]), [20], [20], 0.125) is None
 
 
 def test_bind_decode_and_bind_write_run_what_the_candidates_run():
@@ -252,7 +311,7 @@ def test_the_other_builds_pass_the_same_tests(arch):
     if arch == "x86-64-v3" and "avx512f" not in Path("/proc/cpuinfo").read_text():
         pytest.skip("the native build is the AVX2 one")
     env = {**os.environ, "TANDEM_CPU_KERNEL_ARCH": arch}
-    tests = "write_codes or decode_rows or sliding or one_at_a_time"
+    tests = "write_codes or decode_rows or sliding or one_at_a_time or prompt_rows"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", tests],
         capture_output=True, text=True, timeout=900, env=env, cwd=Path(__file__).parents[3],
