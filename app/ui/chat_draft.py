@@ -30,9 +30,7 @@ class KeepingDraft:
             self._draft_timer.start()
             return
         try:
-            images = [
-                (self.store.add_attachment(a.data, a.suffix, a.sha256), a.name) for a in self.strip.attachments()
-            ]
+            images = [(self.store.add_attachment(a.data, a.suffix, a.sha256), a.name) for a in self.strip.attachments()]
             self.store.save_draft(self.chat_id, self.input.toPlainText(), images)
         except (StoreError, KeyError) as e:  # the typed text stays in the box; the next edit tries again
             log.warning("chat %s: the draft was not saved: %s", self.chat_id, e)

@@ -94,7 +94,10 @@ def _run_one(model, prompt: list[int], num_new: int, runs: int, draft_layers: in
         cache = Cache(model, max_seq_len=size, page_size=page)
         if draft_layers is not None:
             draft = truncated_draft(model, draft_layers)
-            gen_kw["draft_model"], gen_kw["draft_cache"] = draft, Cache(draft, size, page_size=page, sliding_tokens=size)
+            gen_kw["draft_model"], gen_kw["draft_cache"] = (
+                draft,
+                Cache(draft, size, page_size=page, sliding_tokens=size),
+            )
         gen = DynamicGenerator(model, cache, model.tokenizer, **gen_kw)
         gen.enqueue(DynamicJob(prompt, num_new, gen_settings=SamplerSettings.greedy(), **kw))
         last = None

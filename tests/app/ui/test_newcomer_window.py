@@ -26,6 +26,7 @@ def _sent(tab, text: str) -> bool:
 def test_a_draft_and_its_picture_survive_a_restart(window, app_store, engine_service, shapes_png, run, ui):
     tab = window.current_tab()
     chat_id = tab.chat_id
+
     async def attach():  # checked on a worker, as a dropped file is
         await tab.attach_files([str(shapes_png)])
 
@@ -188,9 +189,7 @@ def test_the_compare_window_fits_the_screen_and_esc_closes_it(window, qtbot):
     assert window.isVisible()  # Esc closed the compare window only
 
 
-def test_an_answer_cut_at_its_limit_is_marked_and_continue_writes_on_in_it(
-    window, engine_service, app_store, run, ui
-):
+def test_an_answer_cut_at_its_limit_is_marked_and_continue_writes_on_in_it(window, engine_service, app_store, run, ui):
     tab = window.current_tab()
     tab.set_settings(ui.greedy_settings(engine_service, 8))  # no end-of-turn token: the limit cuts it
 

@@ -45,7 +45,9 @@ def test_values_read_as_the_panel_shows_them():
 def test_greedy_settings_read_as_greedy_without_the_fields_it_makes_moot():
     # top-k 1 (or temperature 0) takes the argmax after penalties and DRY: temperature, top-p, min-p and the rest
     # change nothing, so they are not listed; what still changes the answer is.
-    settings = defaults(top_k=1, temperature=1.0, top_p=1.0, min_p=0.2, token_repetition_penalty=1.0, dry_multiplier=0.8)
+    settings = defaults(
+        top_k=1, temperature=1.0, top_p=1.0, min_p=0.2, token_repetition_penalty=1.0, dry_multiplier=0.8
+    )
     assert differences(settings, JOB) == ["greedy", "no repetition penalty", "DRY multiplier 0.8"]
     assert differences(defaults(temperature=0.0, top_p=0.5), JOB) == ["greedy"]
     assert summary(settings, None, JOB) == "Custom · greedy · no repetition penalty · DRY multiplier 0.8"
