@@ -291,3 +291,27 @@ def reasoning_models():
     return types.SimpleNamespace(
         QWEN3_STYLE=QWEN3_STYLE, R1_STYLE=R1_STYLE, tag_tokenizer=build_tag_tokenizer, tiny_qwen3=build_tiny_qwen3
     )
+
+
+# --- leaving the test process --------------------------------------------------------------------------------
+
+
+def pytest_sessionfinish(session, exitstatus):
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)
+
+
+_EXIT_STATUS = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_unconfigure(config):
+    """Leave with pytest's own status once every result is reported. After a full run a native library's thread
+    outlived interpreter teardown and aborted the process ("terminate called without an active exception", exit
+    134) with every test passed; native destructors have nothing left to do for a test process."""
+    status = config.stash.get(_EXIT_STATUS, None)
+    if status is not None:
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
