@@ -5,21 +5,22 @@ steps) and paged_prefill_quant.c (prompts).
 A decode step (one new token per sequence) takes paged_decode_quant, which dequantizes each block of keys and
 values into a float32 scratch as it goes and runs the float32 kernel's block loops on it, with the query
 rotated in and the output rotated back; so a step reads the quantized bytes, at 4 bits about a quarter of a
-bfloat16 cache's. A prompt (a sequence with more than one new token) takes paged_prefill_quant, which runs its
-rows in tiles of consecutive tokens: each block a tile reads is dequantized once, and each row of the tile
-runs the decode kernel's own row functions on it (paged_rows.h), with its own online softmax. Per row that
-reads a quarter of the bytes a row-at-a-time kernel would dequantize at 16 rows a tile, and the blocks stay
-in L1 and L2 while the rows use them.
+bfloat16 cache's. A call with a prompt in it (a sequence with more than one new token) takes
+paged_prefill_quant, which runs each sequence's rows in tiles of 16 consecutive tokens: each block of keys and
+values a tile reads is dequantized once, not once per row (a block costs about as much to dequantize as a
+row's multiply-adds over it), and every row of the tile runs the decode kernel's own row functions
+(paged_rows.h) on it, with its own online softmax, while the block sits in L1.
 
-Both give a row the same bits: a prompt's row runs over the same blocks as the decode step for its token
-(the same first key, block size and cut at its length), through the same functions, and dequantized values
-are exact, however computed. So a token gets the same answer from a cold prompt, from the one token
+Both give a row the same bits: a prompt's row goes over the same blocks as the decode step for its token (the
+same first key, block size and cut at its length), through the same functions, and dequantized values are
+exact floats however computed. So a token gets the same answer from a cold prompt, from the one token
 recomputed after a prefix-cache hit, and from a decode step (see kernels/cpu/attention.py's docstring for why
-that matters); and each equals the float32 kernel on the dequantized pages with the rotated query.
+that matters); and each equals the float32 kernel on the dequantized pages with the rotated query, its output
+rotated back.
 
 Each candidate returns None for what it does not handle (CUDA, float caches, head sizes that are not a
-multiple of 32 or over 256, GQA groups over 16, q not float32 or bfloat16, a page table pointing outside the
-cache), which goes on to the next backend.
+multiple of 32 or over 256, GQA groups over 16, q not float32 or bfloat16, a prompt whose page table points
+outside the cache), which goes on to the next backend.
 """
 
 from __future__ import annotations
@@ -148,11 +149,12 @@ def paged_attention(
     page_runs: Sequence[int] | None = None,
 ) -> torch.Tensor | None:
     """Causal attention over quantized pages -> [num_tokens, Hq, D] in q's dtype (as the twin's)."""
-    if not query_lens or q.shape[0] != sum(query_lens) or _handles(q, k_cache, v_cache) is None:
+    bits = _handles(q, k_cache, v_cache)
+    if not query_lens or q.shape[0] != sum(query_lens) or bits is None:
         return None
     tables = block_tables.to(device="cpu", dtype=torch.int64).contiguous()
     if q.shape[0] != len(query_lens):
-        return _prompt(q, k_cache, v_cache, tables, query_lens, seq_lens_host, scale, sliding_window)
+        return _prompt(q, k_cache, v_cache, bits, tables, query_lens, seq_lens_host, scale, sliding_window)
     q = q.contiguous()
     out = torch.empty_like(q)
     lens = seq_lens.to(device="cpu", dtype=torch.int64).contiguous()
@@ -184,6 +186,7 @@ def _prompt(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
+    bits: int,
     tables: torch.Tensor,
     query_lens: Sequence[int],
     seq_lens_host: Sequence[int],
@@ -192,8 +195,8 @@ def _prompt(
 ) -> torch.Tensor | None:
     """paged_prefill_quant over the sequences' new tokens (their query rows one after another in q)."""
     fn = _prefill_kernel()
-    if fn is None:
-        return None
+    if fn is None or tables.shape[0] < len(query_lens) or tables.shape[1] * k_cache.shape[1] < max(seq_lens_host):
+        return None  # a table too short for its sequence: the twin raises the error
     q = q.contiguous()
     out = torch.empty_like(q)
     lens = torch.tensor(list(seq_lens_host), dtype=torch.int64)
@@ -202,6 +205,5 @@ def _prompt(
     pointers = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), *k_cache.stride()[:3])
     rows = (lens.data_ptr(), starts.data_ptr(), counts.data_ptr(), len(query_lens), k_cache.shape[0])
     sizes = (q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], sliding_window or 0)
-    bits = twin.bits_of(k_cache, q.shape[2])
     args = (*pointers, tables.data_ptr(), tables.stride(0), *rows, *sizes, scale, _DTYPES[q.dtype], bits)
     return out if fn(*args, torch.get_num_threads()) == 0 else None

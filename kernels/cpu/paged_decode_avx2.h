@@ -19,7 +19,9 @@
    - bfloat16 rows are widened 16 at a time by interleaving with zeros (one operation per 8 values, not a
      zero-extend and a shift), which leaves dims 0-3 and 8-11 in one vector and 4-7 and 12-15 in the
      other. The query and the accumulators use the same order, so dot products need no reordering;
-     store_avx2 puts the dims back. A head size that is an odd number of 8s widens its last 8 the plain way. */
+     store_avx2 puts the dims back. A head size that is an odd number of 8s widens its last 8 the plain way.
+   - float32 rows (a quantized cache's, dequantized): GCC folded each key's load into every multiply-add of the
+     group as a memory operand, and the loops waited on loads; in_register keeps one load per row slice. */
 
 #include <immintrin.h>
 
@@ -160,40 +162,59 @@ static inline __attribute__((always_inline)) void row_start_avx2(const Work *w, 
     }
 }
 
-/* A block's keys for the row: key j is the row at k_base + at[j] (at has TOKENS entries; those past `count`
-   repeat the last key, whose lanes the softmax masks). The group's dot products (per query head and key one
-   chain of fused multiply-adds over the dims, its 8 lanes then summed by sum_lanes8) go through `partial`,
-   the softmax's weights to `weights`, and the accumulators are shrunk. */
-static inline __attribute__((always_inline)) void row_keys_avx2(const RowAvx2 *r, __m256 (*partial)[TOKENS],
-                                                                float (*weights)[TOKENS], const void *k_base,
-                                                                const int64_t *at, int64_t count,
-                                                                const int64_t group, const int64_t chunks,
-                                                                const int dtype, const int64_t keys) {
-    for (int64_t j0 = 0; j0 < count; j0 += keys) {
-        __m256 sums[8][MAX_GROUP];
+/* x kept in a register: GCC otherwise folds a row read once and used by the group's multiply-adds into each of
+   them as a memory operand, a load per use, which left the float32 loops waiting on loads. No value changes. */
+static inline __m256 in_register(__m256 x) {
+    __asm__("" : "+x"(x));
+    return x;
+}
+
+/* Scores of the block's keys j_from .. j_to - 1 for the row (j_from a multiple of 8, j_to at most the block's
+   count): per query head and key one chain of fused multiply-adds over the dims, its 8 lanes summed by
+   sum_lanes8 once 8 keys are done, into scores[g][j / 8]. Key j is the row at k_base + at[j]; `at` has TOKENS
+   entries, those past the count repeating the last key, which a last step past j_to reads; their lanes (and
+   those no step reached) hold values the softmax masks. */
+static inline __attribute__((always_inline)) void row_dots_avx2(const RowAvx2 *r, __m256 (*scores)[TOKENS / 8],
+                                                                const void *k_base, const int64_t *at,
+                                                                int64_t j_from, int64_t j_to, const int64_t group,
+                                                                const int64_t chunks, const int dtype) {
+    const int64_t keys = at_once(group);
+    __m256 partial[MAX_GROUP][8];
+    for (int64_t g = 0; g < group; g++)
+        for (int64_t j = 0; j < 8; j++) partial[g][j] = _mm256_setzero_ps();
+    for (int64_t j8 = j_from; j8 < j_to; j8 += 8) {
+        for (int64_t j0 = j8; j0 < j8 + 8 && j0 < j_to; j0 += keys) {
+            __m256 sums[8][MAX_GROUP];
 #pragma GCC unroll 8
-        for (int64_t t = 0; t < keys; t++)
+            for (int64_t t = 0; t < keys; t++)
 #pragma GCC unroll 16
-            for (int64_t g = 0; g < group; g++) sums[t][g] = _mm256_setzero_ps();
+                for (int64_t g = 0; g < group; g++) sums[t][g] = _mm256_setzero_ps();
 #pragma GCC unroll 32
-        for (int64_t c = 0; c < chunks; c++) {
+            for (int64_t c = 0; c < chunks; c++) {
 #pragma GCC unroll 8
-            for (int64_t t = 0; t < keys; t++) {
-                const __m256 key = load8(k_base, at[j0 + t], c, chunks, dtype);
+                for (int64_t t = 0; t < keys; t++) {
+                    const __m256 key = in_register(load8(k_base, at[j0 + t], c, chunks, dtype));
 #pragma GCC unroll 16
-                for (int64_t g = 0; g < group; g++)
-                    sums[t][g] = _mm256_fmadd_ps(r->q[g * chunks + c], key, sums[t][g]);
+                    for (int64_t g = 0; g < group; g++)
+                        sums[t][g] = _mm256_fmadd_ps(r->q[g * chunks + c], key, sums[t][g]);
+                }
             }
-        }
 #pragma GCC unroll 8
-        for (int64_t t = 0; t < keys; t++)
+            for (int64_t t = 0; t < keys; t++)
 #pragma GCC unroll 16
-            for (int64_t g = 0; g < group; g++) partial[g][j0 + t] = sums[t][g];
+                for (int64_t g = 0; g < group; g++) partial[g][j0 - j8 + t] = sums[t][g];
+        }
+        for (int64_t g = 0; g < group; g++) scores[g][j8 / 8] = sum_lanes8(partial[g]);
     }
+}
+
+/* The online softmax of the block's `count` scores for each query head: the weights to `weights`, the
+   accumulators shrunk. */
+static inline __attribute__((always_inline)) void row_softmax_avx2(const RowAvx2 *r, __m256 (*scores)[TOKENS / 8],
+                                                                   float (*weights)[TOKENS], int64_t count,
+                                                                   const int64_t group, const int64_t chunks) {
     for (int64_t g = 0; g < group; g++) {
-        __m256 scores[TOKENS / 8];
-        for (int b = 0; b < (count + 7) / 8; b++) scores[b] = sum_lanes8(partial[g] + 8 * b);
-        const float shrink = softmax_avx2(scores, count, &r->running_max[g], &r->running_sum[g], weights[g]);
+        const float shrink = softmax_avx2(scores[g], count, &r->running_max[g], &r->running_sum[g], weights[g]);
         /* here rather than as the accumulators are loaded below, where the group's factors took registers */
         const __m256 factor = _mm256_set1_ps(shrink);
 #pragma GCC unroll 32
@@ -201,15 +222,17 @@ static inline __attribute__((always_inline)) void row_keys_avx2(const RowAvx2 *r
     }
 }
 
-/* The block's values (value j at v_base + at[j]) into the accumulators, each 8-dim slice fed in token order. */
+/* The block's values (value j at v_base + at[j]) into the accumulators' 8-dim slices c_from .. c_to - 1, each
+   slice fed in token order. */
 static inline __attribute__((always_inline)) void row_values_avx2(const RowAvx2 *r, float (*weights)[TOKENS],
                                                                   const void *v_base, const int64_t *at,
-                                                                  int64_t count, const int64_t group,
-                                                                  const int64_t chunks, const int dtype,
-                                                                  const int64_t slices) {
+                                                                  int64_t count, const int64_t c_from,
+                                                                  const int64_t c_to, const int64_t group,
+                                                                  const int64_t chunks, const int dtype) {
+    const int64_t slices = at_once(group);
 #pragma GCC unroll 32
-    for (int64_t c0 = 0; c0 < chunks; c0 += slices) {
-        const int64_t width = chunks - c0 < slices ? chunks - c0 : slices;
+    for (int64_t c0 = c_from; c0 < c_to; c0 += slices) {
+        const int64_t width = c_to - c0 < slices ? c_to - c0 : slices;
         __m256 sums[8][MAX_GROUP];
 #pragma GCC unroll 8
         for (int64_t s = 0; s < width; s++)
@@ -218,7 +241,7 @@ static inline __attribute__((always_inline)) void row_values_avx2(const RowAvx2 
         for (int64_t j = 0; j < count; j++) {
 #pragma GCC unroll 8
             for (int64_t s = 0; s < width; s++) {
-                const __m256 value = load8(v_base, at[j], c0 + s, chunks, dtype);
+                const __m256 value = in_register(load8(v_base, at[j], c0 + s, chunks, dtype));
 #pragma GCC unroll 16
                 for (int64_t g = 0; g < group; g++)
                     sums[s][g] = _mm256_fmadd_ps(_mm256_broadcast_ss(&weights[g][j]), value, sums[s][g]);
@@ -260,22 +283,18 @@ static inline __attribute__((always_inline)) void task_avx2(const Work *w, int64
     const int64_t length = w->seq_lens[seq];
     const int64_t *table = w->tables + seq * w->table_stride;
 
-    __m256 q[MAX_GROUP * MAX_DIM / 8], acc[MAX_GROUP * MAX_DIM / 8];
+    __m256 q[MAX_GROUP * MAX_DIM / 8], acc[MAX_GROUP * MAX_DIM / 8], scores[MAX_GROUP][TOKENS / 8];
     float running_max[MAX_GROUP], running_sum[MAX_GROUP];
     const RowAvx2 r = {q, acc, running_max, running_sum};
-    __m256 partial[MAX_GROUP][TOKENS];
     float weights[MAX_GROUP][TOKENS] __attribute__((aligned(32)));
     float scratch[TOKENS * MAX_DIM] __attribute__((aligned(32)));
     int64_t rows[TOKENS];
     row_start_avx2(w, seq, kv_head, &r, group, chunks, dtype, quant);
-    for (int64_t g = 0; g < group; g++)
-        for (int64_t j = 0; j < TOKENS; j++) partial[g][j] = _mm256_setzero_ps();
 
     for (int64_t start = row_first(w, length); start < length; start += TOKENS) {
         const int64_t count = length - start < TOKENS ? length - start : TOKENS;
         int64_t offsets[TOKENS];
         block_offsets(w, table, kv_head, start, count, offsets);
-        /* a last step past `count` reads the block's last key again; those lanes are masked in the softmax */
         for (int64_t j = count; j < TOKENS; j++) offsets[j] = offsets[count - 1];
         const void *k_base = w->k, *v_base = w->v;
         const int64_t *at = offsets;
@@ -285,9 +304,10 @@ static inline __attribute__((always_inline)) void task_avx2(const Work *w, int64
             k_base = v_base = scratch;
             at = rows;
         }
-        row_keys_avx2(&r, partial, weights, k_base, at, count, group, chunks, dtype, at_once(group));
+        row_dots_avx2(&r, scores, k_base, at, 0, count, group, chunks, dtype);
+        row_softmax_avx2(&r, scores, weights, count, group, chunks);
         if (quant) dequantize_rows(w, w->v, offsets, count, scratch);
-        row_values_avx2(&r, weights, v_base, at, count, group, chunks, dtype, at_once(group));
+        row_values_avx2(&r, weights, v_base, at, count, 0, chunks, group, chunks, dtype);
     }
     row_finish_avx2(w, seq, kv_head, &r, group, chunks, dtype, quant);
 }

@@ -4,10 +4,12 @@
    Why tiles: a prompt's row i reads the keys up to its own position, and the decode kernel dequantizes each
    block of them into a float32 scratch before its multiply-adds, which costs about as much as the
    multiply-adds themselves; a prompt run as one decode row per token would pay that for every row. Here a
-   task is a tile of TILE consecutive rows of one sequence for one KV head: each step dequantizes the keys and
-   values the tile's rows read next once, and runs each row's next block on them with the decode kernel's own
-   row functions (paged_rows.h and its vector forms), each row keeping its own online softmax. The quantized
-   bytes are read once per tile instead of once per row, and the blocks sit in L1 and L2 while the rows use them.
+   task is a tile of TILE consecutive rows of one sequence for one KV head, and each step of it dequantizes
+   the keys the tile's rows read next once, runs every row's scores and softmax on them, then dequantizes the
+   values into the same scratch and runs every row's values: the decode kernel's own row functions
+   (paged_rows.h and its vector forms), each row keeping its own online softmax. The quantized bytes are read
+   once per tile instead of once per row, and a block (16 KiB of float32 rows at head_dim 64) stays in L1
+   while the tile's rows read it.
 
    Why the bits match: a row's blocks are the decode's for its length (from its first visible key, row_first,
    in steps of the path's block size, the last one cut at its length), the functions run on them are the
@@ -24,7 +26,8 @@
    q is [rows, num_q_heads, head_dim] (float32 or bfloat16, unrotated), sequence s's rows at query_starts[s]
    onward, query_lens[s] of them, its tokens the last of its seq_lens[s]; out is like q. Tasks (sequence, KV
    head, tile) go to OpenMP threads as they come, each sequence's last (longest) tiles first; a thread
-   allocates its workspace (the tile's rows and the dequantized keys and values) once per call. */
+   allocates its workspace (the tile's rows, the dequantized block, the rows' scores and weights) once per
+   call. A tile of 16 rows measured best on Zen 3 (8 dequantizes twice as often; 32 leaves L1). */
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -42,12 +45,13 @@ typedef struct {
 } Tile;
 
 /* A thread's workspace: the rows' queries and accumulators (2 * group * head_dim floats a row, one row after
-   another, so a tile's rows share cache sets evenly), maxima and sums, then a step's keys and values as float32
-   rows. */
+   another), maxima and sums; a step's keys, then its values, as float32 rows (both at once on the portable
+   path); and the rows' scores and weights between a step's keys and its values. */
 typedef struct {
     float states[TILE * 2 * MAX_GROUP * MAX_DIM] __attribute__((aligned(64)));
-    float keys[SCRATCH_ROWS * MAX_DIM] __attribute__((aligned(64)));
-    float values[SCRATCH_ROWS * MAX_DIM] __attribute__((aligned(64)));
+    float scratch[2 * SCRATCH_ROWS * MAX_DIM] __attribute__((aligned(64)));
+    float scores[TILE * MAX_GROUP * MOST_KEYS] __attribute__((aligned(64)));
+    float weights[TILE][MAX_GROUP][MOST_KEYS] __attribute__((aligned(64)));
     float running[TILE][2][MAX_GROUP];
 } Space;
 
@@ -73,27 +77,24 @@ static int64_t tile_step(const Work *w, const Tile *t, int64_t step, int64_t blo
     return high - low;
 }
 
-/* The keys and values of a step, n from key lo on, dequantized into the workspace. */
-static void load_step(const Work *w, const Tile *t, int64_t lo, int64_t n, Space *s) {
-    int64_t offsets[SCRATCH_ROWS];
-    block_offsets(w, t->table, t->kv_head, lo, n, offsets);
-    dequantize_rows(w, w->k, offsets, n, s->keys);
-    dequantize_rows(w, w->v, offsets, n, s->values);
-}
-
+/* The portable path's tile: a step's keys and values side by side in the scratch (its blocks are half the
+   vector paths', so both fit). */
 static void tile_generic(const Work *w, const Tile *t, Space *s) {
     const int64_t dim = w->head_dim, group = w->num_q_heads / w->num_kv_heads;
+    float *keys = s->scratch, *values = s->scratch + SCRATCH_ROWS * MAX_DIM;
     Row rows[TILE];
     for (int64_t r = 0; r < t->rows; r++) {
         float *state = s->states + r * 2 * group * dim;
         rows[r] = (Row){state, state + group * dim, s->running[r][0], s->running[r][1]};
         row_start(w, t->row + r, t->kv_head, &rows[r]);
     }
-    int64_t lo, n, begin[TILE], count[TILE];
+    int64_t lo, n, begin[TILE], count[TILE], offsets[BLOCK + TILE];
     for (int64_t step = 0; (n = tile_step(w, t, step, BLOCK, &lo, begin, count)) > 0; step++) {
-        load_step(w, t, lo, n, s);
+        block_offsets(w, t->table, t->kv_head, lo, n, offsets);
+        dequantize_rows(w, w->k, offsets, n, keys);
+        dequantize_rows(w, w->v, offsets, n, values);
         for (int64_t r = 0; r < t->rows; r++)
-            if (count[r]) row_block(w, &rows[r], s->keys + begin[r] * dim, s->values + begin[r] * dim, count[r]);
+            if (count[r]) row_block(w, &rows[r], keys + begin[r] * dim, values + begin[r] * dim, count[r]);
     }
     for (int64_t r = 0; r < t->rows; r++) row_finish(w, t->row + r, t->kv_head, &rows[r]);
 }
@@ -101,26 +102,29 @@ static void tile_generic(const Work *w, const Tile *t, Space *s) {
 #if defined(__AVX512F__)
 #include "paged_decode_avx512.h"
 
-/* tile_generic with paged_decode_avx512.h's rows; `group` and `chunks` (head_dim / 16) are constants in the
-   instances below, as in the decode kernel's. */
+/* tile_generic with paged_decode_avx512.h's rows, in two phases a step (as the decode kernel, which reads a
+   block's keys and then its values through one scratch): every row's scores and softmax over the keys, then
+   every row's values. `group` and `chunks` (head_dim / 16) are constants in the instances below. */
 static inline __attribute__((always_inline)) void tile_avx512(const Work *w, const Tile *t, Space *s,
                                                               const int64_t group, const int64_t chunks) {
     RowAvx512 rows[TILE];
-    float weights[MAX_GROUP][KEYS16];
     for (int64_t r = 0; r < t->rows; r++) {
         __m512 *state = (__m512 *)s->states + r * 2 * group * chunks;
         rows[r] = (RowAvx512){state, state + group * chunks, s->running[r][0], s->running[r][1]};
         row_start_avx512(w, t->row + r, t->kv_head, &rows[r], group, chunks, 1);
     }
-    int64_t lo, n, begin[TILE], count[TILE], at[KEYS16];
+    float (*weights)[MAX_GROUP][KEYS16] = (float (*)[MAX_GROUP][KEYS16])s->weights;
+    int64_t lo, n, begin[TILE], count[TILE], at[TILE][KEYS16], offsets[KEYS16 + TILE];
     for (int64_t step = 0; (n = tile_step(w, t, step, KEYS16, &lo, begin, count)) > 0; step++) {
-        load_step(w, t, lo, n, s);
-        for (int64_t r = 0; r < t->rows; r++) {
-            if (!count[r]) continue;
-            for (int64_t j = 0; j < count[r]; j++) at[j] = (begin[r] + j) * w->head_dim;
-            row_keys_avx512(&rows[r], weights, s->keys, at, count[r], group, chunks, 0);
-            row_values_avx512(&rows[r], weights, s->values, at, count[r], group, chunks, 0);
-        }
+        block_offsets(w, t->table, t->kv_head, lo, n, offsets);
+        for (int64_t r = 0; r < t->rows; r++)
+            for (int64_t j = 0; j < count[r]; j++) at[r][j] = (begin[r] + j) * w->head_dim;
+        dequantize_rows(w, w->k, offsets, n, s->scratch);
+        for (int64_t r = 0; r < t->rows; r++)
+            if (count[r]) row_keys_avx512(&rows[r], weights[r], s->scratch, at[r], count[r], group, chunks, 0);
+        dequantize_rows(w, w->v, offsets, n, s->scratch);
+        for (int64_t r = 0; r < t->rows; r++)
+            if (count[r]) row_values_avx512(&rows[r], weights[r], s->scratch, at[r], count[r], group, chunks, 0);
     }
     for (int64_t r = 0; r < t->rows; r++) row_finish_avx512(w, t->row + r, t->kv_head, &rows[r], group, chunks, 1);
 }
@@ -145,35 +149,47 @@ static void run_tile_vector(const Work *w, const Tile *t, Space *s) {
 #define VECTOR_DIMS 16
 #elif defined(__AVX2__) && defined(__FMA__)
 #include "paged_decode_avx2.h"
-#ifndef TILE_KEYS
-#define TILE_KEYS(g) at_once(g)
-#define TILE_SLICES(g) at_once(g)
-#endif
 
-/* tile_generic with paged_decode_avx2.h's rows (the float32 instances' arithmetic, as the decode kernel runs
-   for a quantized cache); `group` and `chunks` (head_dim / 8) are constants in the instances below. */
+/* tile_avx512's plan with paged_decode_avx2.h's rows (the float32 instances' arithmetic, as the decode kernel runs
+   for a quantized cache). A 64-key block of float32 rows is 16 KiB at head_dim 64, so each phase reads its
+   rows from L1; at larger head sizes the phases go in parts of at most 16 KiB, keys by key and values by dim
+   (each row's arithmetic is the same: its chains are per key, or per dim). `group` and `chunks` (head_dim / 8)
+   are constants in the instances below. */
 static inline __attribute__((always_inline)) void tile_avx2(const Work *w, const Tile *t, Space *s,
                                                             const int64_t group, const int64_t chunks) {
+    const int64_t dim = w->head_dim, keys_a_part = dim <= 64 ? TOKENS : (4096 / dim) & ~(int64_t)7;
     RowAvx2 rows[TILE];
-    __m256 partial[MAX_GROUP][TOKENS];
-    float weights[MAX_GROUP][TOKENS] __attribute__((aligned(32)));
-    for (int64_t g = 0; g < group; g++)
-        for (int64_t j = 0; j < TOKENS; j++) partial[g][j] = _mm256_setzero_ps();
     for (int64_t r = 0; r < t->rows; r++) {
         __m256 *state = (__m256 *)s->states + r * 2 * group * chunks;
         rows[r] = (RowAvx2){state, state + group * chunks, s->running[r][0], s->running[r][1]};
         row_start_avx2(w, t->row + r, t->kv_head, &rows[r], group, chunks, 0, 1);
     }
-    int64_t lo, n, begin[TILE], count[TILE], at[TOKENS];
+    __m256 (*scores)[MAX_GROUP][TOKENS / 8] = (__m256 (*)[MAX_GROUP][TOKENS / 8])s->scores;
+    int64_t lo, n, begin[TILE], count[TILE], offsets[TOKENS + TILE];
+    int64_t at[TILE][TOKENS], at_begin[TILE] = {0}, at_count[TILE] = {0};
     for (int64_t step = 0; (n = tile_step(w, t, step, TOKENS, &lo, begin, count)) > 0; step++) {
-        load_step(w, t, lo, n, s);
+        block_offsets(w, t->table, t->kv_head, lo, n, offsets);
         for (int64_t r = 0; r < t->rows; r++) {
-            if (!count[r]) continue;
+            if (count[r] == 0 || (count[r] == at_count[r] && begin[r] == at_begin[r])) continue; /* as last step */
+            at_begin[r] = begin[r];
+            at_count[r] = count[r];
             /* past count[r], the row's last key again, as the decode kernel's scratch rows */
-            for (int64_t j = 0; j < TOKENS; j++) at[j] = (begin[r] + (j < count[r] ? j : count[r] - 1)) * w->head_dim;
-            row_keys_avx2(&rows[r], partial, weights, s->keys, at, count[r], group, chunks, 0, TILE_KEYS(group));
-            row_values_avx2(&rows[r], weights, s->values, at, count[r], group, chunks, 0, TILE_SLICES(group));
+            for (int64_t j = 0; j < TOKENS; j++) at[r][j] = (begin[r] + (j < count[r] ? j : count[r] - 1)) * dim;
         }
+        dequantize_rows(w, w->k, offsets, n, s->scratch);
+        for (int64_t j = 0; j < TOKENS; j += keys_a_part)
+            for (int64_t r = 0; r < t->rows; r++)
+                if (j < count[r])
+                    row_dots_avx2(&rows[r], scores[r], s->scratch, at[r], j,
+                                  j + keys_a_part < count[r] ? j + keys_a_part : count[r], group, chunks, 0);
+        for (int64_t r = 0; r < t->rows; r++)
+            if (count[r]) row_softmax_avx2(&rows[r], scores[r], s->weights[r], count[r], group, chunks);
+        dequantize_rows(w, w->v, offsets, n, s->scratch);
+        for (int64_t c = 0; c < chunks; c += 8)
+            for (int64_t r = 0; r < t->rows; r++)
+                if (count[r])
+                    row_values_avx2(&rows[r], s->weights[r], s->scratch, at[r], count[r], c,
+                                    c + 8 < chunks ? c + 8 : chunks, group, chunks, 0);
     }
     for (int64_t r = 0; r < t->rows; r++) row_finish_avx2(w, t->row + r, t->kv_head, &rows[r], group, chunks, 0, 1);
 }
@@ -258,8 +274,8 @@ int paged_prefill_quant(const void *q, const void *k_cache, const void *v_cache,
             }
             int64_t s = 0;
             while (firsts[s + 1] <= task) s++;
-            const int64_t local = task - firsts[s], tiles = (firsts[s + 1] - firsts[s]) / num_kv_heads;
-            const int64_t tile = tiles - 1 - local / num_kv_heads; /* the longest first */
+            const int64_t local = task - firsts[s], num_tiles = (firsts[s + 1] - firsts[s]) / num_kv_heads;
+            const int64_t tile = num_tiles - 1 - local / num_kv_heads; /* the longest first */
             const int64_t rows = query_lens[s] - tile * TILE < TILE ? query_lens[s] - tile * TILE : TILE;
             const Tile t = {local % num_kv_heads, query_starts[s] + tile * TILE, rows,
                             seq_lens[s] - query_lens[s] + 1 + tile * TILE, tables + s * table_stride};

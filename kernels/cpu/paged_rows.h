@@ -5,8 +5,9 @@
    A row is one token's GQA group (the query heads sharing one KV head) over keys first .. length - 1, where
    first is length - window under a sliding window (row_first), else 0. Its keys go in blocks of a fixed size
    from `first` on, the last one cut at `length`; per block, the group's scores, an online-softmax update, then
-   the values. The row's state (its scaled query, accumulators, running maxima and sums) lives in a struct, so
-   a kernel can hold one row (decode) or several side by side (a prompt's tile) and feed each the same blocks.
+   the values. The row's state (its scaled query, accumulators, running maxima and sums) is wherever a struct
+   of pointers says, so a kernel can hold one row (decode) or several side by side (a prompt's tile) and feed
+   each the same blocks. Nothing a row computes depends on where its arrays lie: its sums go in a fixed order.
 
    Here: the struct of the portable path and its block function, and the helpers every path uses; the vector
    paths' forms are paged_decode_avx2.h's and paged_decode_avx512.h's. Element types: 0 = float32,
@@ -120,17 +121,32 @@ static void store_row(void *base, int64_t offset, int dtype, int64_t n, const fl
     }
 }
 
+/* x[0..n) rotated block by block (n a multiple of 32), as kv_quant.rotate: with AVX2 in vectors (the same
+   additions in the same pairs, so the same floats; the scalar butterflies were a tenth of a prompt row's time). */
+static inline void rotate_row(float *x, int64_t n) {
+#if defined(__AVX2__) && defined(__FMA__)
+    for (int64_t b = 0; b < n; b += KVQ_GROUP) {
+        __m256 v[4];
+        for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(x + b + 8 * i);
+        kvq_rotate_avx2(v);
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(x + b + 8 * i, v[i]);
+    }
+#else
+    for (int64_t b = 0; b < n; b += KVQ_GROUP) kvq_rotate(x + b);
+#endif
+}
+
 /* A quantized cache's query row at `offset` of q as float32, rotated (as kv_quant.rotate). */
 static void load_rotated(const Work *w, int64_t offset, float *dst) {
     load_row(w->q, offset, w->dtype, w->head_dim, dst);
-    for (int64_t b = 0; b < w->head_dim; b += KVQ_GROUP) kvq_rotate(dst + b);
+    rotate_row(dst, w->head_dim);
 }
 
 /* store_row for a quantized cache: the float32 row scaled, rotated back, then rounded to out's type. */
 static void store_rotated(const Work *w, int64_t offset, const float *src, float factor) {
     float row[MAX_DIM];
     for (int64_t i = 0; i < w->head_dim; i++) row[i] = src[i] * factor;
-    for (int64_t b = 0; b < w->head_dim; b += KVQ_GROUP) kvq_rotate(row + b);
+    rotate_row(row, w->head_dim);
     store_row(w->out, offset, w->dtype, w->head_dim, row, 1.0f);
 }
 
