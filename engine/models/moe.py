@@ -153,15 +153,28 @@ class SparseMoE(nn.Module):
         self.experts_down = Experts(num_experts, expert_size, hidden_size)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights [T, top_k] in x's dtype, expert ids [T, top_k]) per token."""
+        """(weights [T, top_k] in x's dtype, expert ids [T, top_k] ascending) per token."""
+        logits = self._router_logits(x)
         if self.softmax_after_topk:
-            logits, expert_ids = torch.topk(self.gate(x), self.top_k, dim=-1)
-            return torch.softmax(logits, dim=-1, dtype=torch.float32).to(x.dtype), expert_ids
-        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # [T, E]
-        weights, expert_ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights.to(x.dtype), expert_ids
+            logits, expert_ids = torch.topk(logits, self.top_k, dim=-1)
+            weights = torch.softmax(logits, dim=-1)
+        else:
+            weights, expert_ids = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
+            if self.norm_topk_prob:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+        # Ascending ids: a token's experts are then summed in one fixed order, whatever the batch (see forward).
+        expert_ids, by_id = torch.sort(expert_ids, dim=-1)
+        return weights.gather(-1, by_id).to(x.dtype), expert_ids
+
+    def _router_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The router's logits [T, num_experts] in float32. A float router multiplies in float32, as llama.cpp
+        does (GGUF files keep it in F32): the picks then rest on the exact scores, and on CPUs without bfloat16
+        instructions a bfloat16 matmul of this shape ran ten times slower than the float32 one."""
+        gate = self.gate
+        if gate.is_quantized:
+            return gate(x).float()
+        bias = None if gate.bias is None else gate.bias.float()
+        return F.linear(x.float(), gate.weight.float(), bias)
 
     def activate(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The experts' gated activation over their [gate | up] rows."""
@@ -169,20 +182,26 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, expert_ids = self.route(x)
-        flat = expert_ids.reshape(-1)  # [T * top_k]
+        num_tokens, top_k = expert_ids.shape
+        flat = expert_ids.reshape(-1)  # [T * top_k], token-major
         order = torch.argsort(flat, stable=True)  # pairs grouped by expert, tokens ascending within each
-        token_ids = order // self.top_k
-        pair_weights = weights.reshape(-1)[order, None]
         # The layer's one host sync: how many rows each expert got, to slice them (a few dozen ints).
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        out = torch.zeros_like(x)  # [T, hidden]
+        rows = x[order // top_k]  # every pair's token row, expert by expert: one gather, then slices
+        outs = []
         start = 0
         for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            rows = token_ids[start : start + count]
-            h = self.experts_down(self.activate(self.experts_gate_up(x[rows], expert)), expert)
-            # Experts are added in ascending id order whatever the batch, so a token's sum never depends on it.
-            out.index_add_(0, rows, h * pair_weights[start : start + count])
-            start += count
+            if count:
+                part = rows[start : start + count]
+                outs.append(self.experts_down(self.activate(self.experts_gate_up(part, expert)), expert))
+                start += count
+        weighted = torch.cat(outs) * weights.reshape(-1)[order, None]
+        pairs = torch.empty_like(weighted)
+        pairs[order] = weighted  # back to token-major: token t's top_k outputs at [t * top_k, (t + 1) * top_k)
+        pairs = pairs.view(num_tokens, top_k, -1)
+        # A token's outputs are added in ascending expert id order (route sorts them), one rounding per addition,
+        # so its sum never depends on the batch.
+        out = pairs[:, 0]
+        for k in range(1, top_k):
+            out = out + pairs[:, k]
         return out

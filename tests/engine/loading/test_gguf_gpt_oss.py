@@ -149,7 +149,7 @@ def test_the_mxfp4_experts_stay_in_their_blocks_in_bfloat16(files):
     # the yardstick: the same bfloat16 model with its experts expanded to bfloat16 floats
     expanded = _logits(Model.load(files.mxfp4, dtype=torch.bfloat16, quantized=None), prompt)
     got = _logits(model, prompt)
-    assert (got.argmax(-1) == exact.argmax(-1)).float().mean() > 0.8
+    # Error sizes, not argmax agreement: a tiny random model's logits are full of bfloat16 near-ties.
     assert (got - exact).abs().mean() < 2 * (expanded - exact).abs().mean()
 
 
