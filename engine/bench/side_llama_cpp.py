@@ -50,6 +50,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     log.info("llama.cpp: single-stream decode")
     first_token_s(single[:16])
     out["single_decode_tps"] = decode_tps(single)
+    out["rss_after_single_mib"] = measure.peak_rss_mib()
 
     log.info("llama.cpp: chat turn 2, warm (turn 1's prompt in its cache) then cold")
     llm.reset()

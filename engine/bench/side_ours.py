@@ -6,9 +6,9 @@ import logging
 import time
 from typing import Any
 
+from engine.bench import bound, measure, workload
 from engine.bench import features as bench_features
 from engine.bench import load as bench_load
-from engine.bench import measure, workload
 
 log = logging.getLogger("engine.bench")
 
@@ -71,6 +71,7 @@ def _ours_core(model, cfg: dict[str, Any], out: dict[str, Any]) -> None:
         (r,), _ = drain(generator([len(single) + new]), [job(single, new)])
         runs.append(((r["new_tokens"] - 1) / r["time_generate"], r["time_enqueued"] + r["time_prefill"]))
     out["single_decode_tps"] = max(tps for tps, _ in runs)
+    out["active_bytes"], out["read_gbs"] = bound.active_bytes(model), bound.read_bandwidth_gbs()
     out["single_ttft_s"] = min(ttft for _, ttft in runs)
     out["rss_after_single_mib"] = measure.peak_rss_mib()
 

@@ -125,6 +125,7 @@ def _core_rows(args: argparse.Namespace, workload: dict, sides: dict[str, dict |
                 "result": _verdict(None if x is None else x >= 1.5, f"{x or 0:.2f}x"),
             }
         )
+    rows += _bound_rows(ours, cpp)
     busy, quiet = ours.get("busy_decode_tps"), ours.get("single_decode_tps")
     kept, x = ratio(busy, quiet), ratio(busy, (cpp or {}).get("busy_decode_tps"))
     ok = None if kept is None else kept >= 0.5 and (x is None or x >= 1.5)
@@ -140,9 +141,44 @@ def _core_rows(args: argparse.Namespace, workload: dict, sides: dict[str, dict |
     row("peak RSS of the whole process", "peak_rss_mib", "MiB")
     row("  of which after imports, before loading", "rss_after_import_mib", "MiB")
     row("  of which after loading the model", "rss_after_load_mib", "MiB")
+    rows += _model_memory_rows(ours, cpp)
     row("load time", "load_s", "s")
     row("runnable time spent waiting for a CPU (other load)", "cpu_wait_share", "%")
     return rows
+
+
+def _bound_rows(ours: dict, cpp: dict | None) -> list[dict[str, str]]:
+    """Single-stream decode beside the rate of a step that only reads its active weights (engine/bench/bound.py)."""
+    active, gbs = ours.get("active_bytes"), ours.get("read_gbs")
+    if not active or not gbs:
+        return []
+    limit = gbs * 1e9 / active  # tok/s of a step that only reads its active weights
+    shares = [f"ours {ours.get('single_decode_tps', 0) / limit * 100:.0f}%"]
+    if cpp is not None and cpp.get("single_decode_tps"):
+        shares.append(f"llama.cpp {cpp['single_decode_tps'] / limit * 100:.0f}%")
+    metric = f"  decode bound: {active / 2**20:,.0f} MiB of weights read a token, at {gbs:.1f} GB/s measured"
+    cells = {"metric": metric, "ours": fmt(limit, "tok/s"), "transformers": "n/a"}
+    return [{**cells, **({"llama.cpp": ""} if cpp is not None else {}), "target": "", "result": ", ".join(shares)}]
+
+
+def _model_memory_rows(ours: dict, cpp: dict | None) -> list[dict[str, str]]:
+    """What the model added to each side's resident memory once loaded and run for one short sequence (its weights
+    touched, a small KV cache): after the single-stream phase minus before loading."""
+    sides = (("ours", ours), ("llama.cpp", cpp or {}))
+    if any("rss_after_single_mib" not in s or "rss_after_import_mib" not in s for _, s in sides):
+        return []
+    added = {side: s["rss_after_single_mib"] - s["rss_after_import_mib"] for side, s in sides}
+    x = added["ours"] / added["llama.cpp"] if added["llama.cpp"] > 0 else None
+    return [
+        {
+            "metric": "  of which the model added, loaded and run for one sequence (minus before loading)",
+            "ours": fmt(added["ours"], "MiB"),
+            "transformers": "n/a",
+            "llama.cpp": fmt(added["llama.cpp"], "MiB"),
+            "target": "<= 1.1x llama.cpp",
+            "result": _verdict(None if x is None else x <= 1.1, f"{x or 0:.2f}x"),
+        }
+    ]
 
 
 def _batched_cell(cpp: dict) -> str:

@@ -23,6 +23,7 @@ ROW_LABELS = [
     "second chat turn, time to first token",
     "same prompt, cold (fresh cache)",
     "prompt tok/s (",
+    "decode bound:",
     "single-stream decode tok/s, another program keeping one core busy",
     "peak RSS of the whole process",
     "of which after imports, before loading",
