@@ -21,8 +21,12 @@ from kernels.triton import candidates as triton_kernels  # imports triton itself
 dispatch.register("write_kv", attention.write_kv, reference=True)
 dispatch.register("paged_attention", attention.paged_attention, reference=True)
 dispatch.register("paged_attention_key_ends", attention.paged_attention_key_ends, reference=True)
-# Attention with a learned sink logit per head (gpt-oss): the twin only, for now.
+# Attention with a learned sink logit per head (gpt-oss): Triton on CUDA (float and quantized pages), the C kernels
+# on the CPU (float caches, then quantized ones), else the twin.
 dispatch.register("paged_attention_sinks", attention.paged_attention_sinks, reference=True)
+dispatch.register("paged_attention_sinks", triton_kernels.paged_attention_sinks)
+dispatch.register("paged_attention_sinks", cpu_attention.paged_attention_sinks)
+dispatch.register("paged_attention_sinks", cpu_kv_quant.paged_attention_sinks)
 dispatch.register("rms_norm", norm.rms_norm, reference=True)
 dispatch.register("apply_rope", rope.apply_rope, reference=True)
 dispatch.register("silu_and_mul", activation.silu_and_mul, reference=True)

@@ -178,7 +178,9 @@ class GptOssForCausalLM(LlamaForCausalLM):
             layer.mlp = GptOssMoE(config, settings)
 
     def _decode_plan(self, batch: Batch, inputs: torch.Tensor) -> None:
-        return None  # the recorded decode step's C kernels have no sinks
+        # A recorded step (engine/models/decode_plan.py) covers no MoE layer, and its attention binding passes no
+        # sinks (ops.bind_paged_decode takes them as `sinks=`): off, so a plan that learns MoE cannot drop them.
+        return None
 
     def checkpoint_names(self, name: str) -> tuple[str, ...]:
         if ".mlp.gate." in name:  # our router is SparseMoE's `gate`

@@ -19,6 +19,10 @@ turn such a rounding difference into a different token within a few steps.
 
 Anything else (float16, CUDA, head sizes over 256, GQA groups over 16) returns None and goes to the next
 backend.
+
+`paged_attention_sinks` is the same kernels with a learned sink logit per query head (gpt-oss): the C rows take
+the sink as their first key, one with no value (paged_rows.h's softmax_start), in every path alike, so each
+property above holds with sinks too.
 """
 
 from __future__ import annotations
@@ -39,15 +43,16 @@ _CACHE_ARGS = (_ptr,) * 4 + (_i64,) * 3
 
 
 def _kernel():
-    # ... tables, table stride, seq_lens, rows, q heads, kv heads, head_dim, page_size, window, scale, dtype, threads
-    args = (*_CACHE_ARGS, _ptr, _i64, _ptr) + (_i64,) * 6 + (_f32, ctypes.c_int, _i64)
+    # ... tables, table stride, seq_lens, rows, q heads, kv heads, head_dim, page_size, window, scale, sinks, dtype,
+    # threads
+    args = (*_CACHE_ARGS, _ptr, _i64, _ptr) + (_i64,) * 6 + (_f32, _ptr, ctypes.c_int, _i64)
     return build.function("paged_decode", "paged_decode_attention", args, ctypes.c_int)
 
 
 def _prefill_kernel():
     # ... tables, table stride, seq_lens, query starts, query lens, sequences, q heads, kv heads, head_dim,
-    # page_size, window, scale, threads
-    args = (*_CACHE_ARGS, _ptr, _i64, _ptr, _ptr, _ptr) + (_i64,) * 6 + (_f32, _i64)
+    # page_size, window, scale, sinks, threads
+    args = (*_CACHE_ARGS, _ptr, _i64, _ptr, _ptr, _ptr) + (_i64,) * 6 + (_f32, _ptr, _i64)
     return build.function("paged_prefill", "paged_prefill_attention", args, ctypes.c_int)
 
 
@@ -70,6 +75,14 @@ def _cache_pointers(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return [q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), *k_cache.stride()[:3]]
 
 
+def sink_logits(sinks: torch.Tensor, num_q_heads: int) -> torch.Tensor | None:
+    """Sinks as the C kernels read them (float32 [num_q_heads], contiguous, on the CPU), or None where they are not
+    one CPU value per query head (the twin then says what is wrong)."""
+    if sinks.device.type != "cpu" or sinks.shape != (num_q_heads,) or not sinks.is_floating_point():
+        return None
+    return sinks.to(torch.float32).contiguous()
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -82,10 +95,46 @@ def paged_attention(
     sliding_window: int | None = None,
     page_runs: Sequence[int] | None = None,
 ) -> torch.Tensor | None:
+    return _attention(q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
+
+
+def paged_attention_sinks(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sinks: torch.Tensor,
+    sliding_window: int | None = None,
+    page_runs: Sequence[int] | None = None,
+) -> torch.Tensor | None:
+    """`paged_attention` with a learned sink logit per query head (the twin's `paged_attention_sinks`)."""
+    logits = sink_logits(sinks, q.shape[1]) if q.dim() == 3 else None
+    if logits is None:
+        return None
+    args = (q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
+    return _attention(*args, sinks=logits)
+
+
+def _attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sliding_window: int | None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor | None:
     if not query_lens or q.shape[0] != sum(query_lens) or not _handles(q, k_cache, v_cache, _DTYPES):
         return None
     if _prefill_serves(q, k_cache):
-        return _prefill(q, k_cache, v_cache, block_tables, query_lens, seq_lens_host, scale, sliding_window)
+        return _prefill(q, k_cache, v_cache, block_tables, query_lens, seq_lens_host, scale, sliding_window, sinks)
     if _kernel() is None:
         return None
     q = q.to(k_cache.dtype).contiguous()
@@ -93,7 +142,7 @@ def paged_attention(
     out = torch.empty_like(q)
     if q.shape[0] == len(query_lens):  # one new token per sequence: one call
         lens = seq_lens.to(device="cpu", dtype=torch.int64).contiguous()
-        return out if _decode(q, k_cache, v_cache, out, tables, lens, scale, sliding_window) else None
+        return out if _decode(q, k_cache, v_cache, out, tables, lens, scale, sliding_window, sinks) else None
     # One row per new token, each with its own length and its sequence's page table, a view repeated with
     # stride 0: a copy per token would take a 32k-token prompt's table 32k times.
     start = 0
@@ -101,33 +150,53 @@ def paged_attention(
         rows, start = slice(start, start + n), start + n
         lens = torch.arange(end - n + 1, end + 1, dtype=torch.int64)
         table = tables[i : i + 1].expand(n, -1)
-        if not _decode(q[rows], k_cache, v_cache, out[rows], table, lens, scale, sliding_window):
+        if not _decode(q[rows], k_cache, v_cache, out[rows], table, lens, scale, sliding_window, sinks):
             return None
     return out
 
 
-def _decode(q, k_cache, v_cache, out, tables, lens, scale: float, sliding_window: int | None) -> bool:
-    call = bind_decode(q, k_cache, v_cache, out, tables, lens, scale, sliding_window, torch.get_num_threads())
+def _decode(q, k_cache, v_cache, out, tables, lens, scale: float, sliding_window: int | None, sinks) -> bool:
+    threads = torch.get_num_threads()
+    call = bind_decode(q, k_cache, v_cache, out, tables, lens, scale, sliding_window, threads, sinks)
     return call is not None and call[0](*call[1]) == 0
 
 
-def bind_decode(q, k_cache, v_cache, out, tables, lens, scale: float, sliding_window: int | None, threads):
+def bind_decode(q, k_cache, v_cache, out, tables, lens, scale: float, sliding_window: int | None, threads, sinks=None):
     """The decode kernel and its arguments: one query row of q [rows, q heads, head_dim] (contiguous, the
     cache's dtype) per row of `tables` [rows, pages] and `lens` [rows] (int64, contiguous), into out like q;
-    or None. A call returns 0 when done. Kept by kernels/cpu/plan.py to replay a decode step. Where
-    paged_attention takes the prefill kernel, so does this (each row a sequence of one new token)."""
+    or None. `sinks`: None, or float32 [q heads] (contiguous; `sink_logits`), each head's sink logit, which the
+    caller keeps alive while it makes calls. A call returns 0 when done. Kept by kernels/cpu/plan.py to replay a
+    decode step. Where paged_attention takes the prefill kernel, so does this (each row a sequence of one new
+    token)."""
     if not _handles(q, k_cache, v_cache, _DTYPES) or q.dtype != k_cache.dtype or not q.is_contiguous():
         return None
     if not out.is_contiguous() or tables.stride(1) != 1 or not lens.is_contiguous() or tables.dtype != torch.int64:
         return None
+    if sinks is not None and not bindable_sinks(sinks, q.shape[1]):
+        return None
     if _prefill_serves(q, k_cache):
-        return _bind_prefill_rows(q, k_cache, v_cache, out, tables, lens, scale, sliding_window, threads)
+        return _bind_prefill_rows(q, k_cache, v_cache, out, tables, lens, scale, sliding_window, threads, sinks)
     fn = _kernel()
     if fn is None:
         return None
     sizes = (q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], sliding_window or 0)
     args = (*_cache_pointers(q, k_cache, v_cache, out), tables.data_ptr(), tables.stride(0), lens.data_ptr())
-    return fn, (*args, *sizes, scale, _DTYPES[k_cache.dtype], threads)
+    return fn, (*args, *sizes, scale, sink_pointer(sinks), _DTYPES[k_cache.dtype], threads)
+
+
+def bindable_sinks(sinks: torch.Tensor, num_q_heads: int) -> bool:
+    """Whether a bound call can read `sinks` as they are: float32 [num_q_heads], contiguous, on the CPU."""
+    return (
+        sinks.device.type == "cpu"
+        and sinks.dtype == torch.float32
+        and sinks.shape == (num_q_heads,)
+        and sinks.is_contiguous()
+    )
+
+
+def sink_pointer(sinks: torch.Tensor | None) -> int | None:
+    """The sinks' address, or None (NULL: no sinks)."""
+    return None if sinks is None else sinks.data_ptr()
 
 
 def _prefill_serves(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -162,6 +231,7 @@ def _prefill_built() -> bool:
             1,
             0,
             1.0,
+            None,
             1,
         )
         == 0
@@ -175,14 +245,14 @@ def _row_sequences(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.arange(rows, dtype=torch.int64), torch.ones(rows, dtype=torch.int64)
 
 
-def _bind_prefill_rows(q, k_cache, v_cache, out, tables, lens, scale, sliding_window, threads):
+def _bind_prefill_rows(q, k_cache, v_cache, out, tables, lens, scale, sliding_window, threads, sinks):
     fn = _prefill_kernel()
     if fn is None:
         return None
     starts, counts = _row_sequences(q.shape[0])
     sizes = (q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], sliding_window or 0)
     args = (*_cache_pointers(q, k_cache, v_cache, out), tables.data_ptr(), tables.stride(0), lens.data_ptr())
-    return fn, (*args, starts.data_ptr(), counts.data_ptr(), *sizes, scale, threads)
+    return fn, (*args, starts.data_ptr(), counts.data_ptr(), *sizes, scale, sink_pointer(sinks), threads)
 
 
 def _prefill(
@@ -194,8 +264,9 @@ def _prefill(
     seq_lens_host: Sequence[int],
     scale: float,
     sliding_window: int | None,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor | None:
-    if k_cache.dtype != torch.bfloat16 or q.shape[2] % 32:  # the rest was checked by paged_attention
+    if k_cache.dtype != torch.bfloat16 or q.shape[2] % 32:  # the rest was checked by _attention
         return None
     fn = _prefill_kernel()
     if fn is None:
@@ -216,6 +287,7 @@ def _prefill(
         counts.data_ptr(),
         *sizes,
         scale,
+        sink_pointer(sinks),
         torch.get_num_threads(),
     )
     return out if status == 0 else None

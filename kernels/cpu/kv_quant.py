@@ -18,6 +18,9 @@ recomputed after a prefix-cache hit, and from a decode step (see kernels/cpu/att
 that matters); and each equals the float32 kernel on the dequantized pages with the rotated query, its output
 rotated back.
 
+`paged_attention_sinks` is the same with a learned sink logit per query head (gpt-oss), taken by every row of
+both kernels as its first key, one with no value (paged_rows.h's softmax_start), so the bits still match.
+
 Each candidate returns None for what it does not handle (CUDA, float caches, head sizes that are not a
 multiple of 32 or over 256, GQA groups over 16, q not float32 or bfloat16, a prompt whose page table points
 outside the cache), which goes on to the next backend.
@@ -31,6 +34,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from kernels.cpu import build
+from kernels.cpu.attention import bindable_sinks, sink_logits, sink_pointer
 from kernels.torch_ref import kv_quant as twin
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -47,15 +51,15 @@ def _write_kernel():
 
 def _decode_kernel():
     # q, k_cache, v_cache, out, cache strides, tables, table stride, seq_lens, rows, q heads, kv heads, head_dim,
-    # page_size, window, scale, dtype, bits, threads
-    args = (_ptr,) * 4 + (_i64,) * 3 + (_ptr, _i64, _ptr) + (_i64,) * 6 + (_f32, _int, _int, _i64)
+    # page_size, window, scale, sinks, dtype, bits, threads
+    args = (_ptr,) * 4 + (_i64,) * 3 + (_ptr, _i64, _ptr) + (_i64,) * 6 + (_f32, _ptr, _int, _int, _i64)
     return build.function("paged_decode", "paged_decode_quant", args, ctypes.c_int)
 
 
 def _prefill_kernel():
     # q, k_cache, v_cache, out, cache strides, tables, table stride, seq_lens, query starts, query lens,
-    # sequences, num_pages, q heads, kv heads, head_dim, page_size, window, scale, dtype, bits, threads
-    args = (_ptr,) * 4 + (_i64,) * 3 + (_ptr, _i64, _ptr, _ptr, _ptr) + (_i64,) * 7 + (_f32, _int, _int, _i64)
+    # sequences, num_pages, q heads, kv heads, head_dim, page_size, window, scale, sinks, dtype, bits, threads
+    args = (_ptr,) * 4 + (_i64,) * 3 + (_ptr, _i64, _ptr, _ptr, _ptr) + (_i64,) * 7 + (_f32, _ptr, _int, _int, _i64)
     return build.function("paged_prefill_quant", "paged_prefill_quant", args, ctypes.c_int)
 
 
@@ -149,23 +153,63 @@ def paged_attention(
     page_runs: Sequence[int] | None = None,
 ) -> torch.Tensor | None:
     """Causal attention over quantized pages -> [num_tokens, Hq, D] in q's dtype (as the twin's)."""
+    return _attention(q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
+
+
+def paged_attention_sinks(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sinks: torch.Tensor,
+    sliding_window: int | None = None,
+    page_runs: Sequence[int] | None = None,
+) -> torch.Tensor | None:
+    """`paged_attention` with a learned sink logit per query head (the twin's `paged_attention_sinks`)."""
+    logits = sink_logits(sinks, q.shape[1]) if q.dim() == 3 else None
+    if logits is None:
+        return None
+    args = (q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window)
+    return _attention(*args, sinks=logits)
+
+
+def _attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sliding_window: int | None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor | None:
     bits = _handles(q, k_cache, v_cache)
     if not query_lens or q.shape[0] != sum(query_lens) or bits is None:
         return None
     tables = block_tables.to(device="cpu", dtype=torch.int64).contiguous()
     if q.shape[0] != len(query_lens):
-        return _prompt(q, k_cache, v_cache, bits, tables, query_lens, seq_lens_host, scale, sliding_window)
+        args = (q, k_cache, v_cache, bits, tables, query_lens, seq_lens_host, scale, sliding_window, sinks)
+        return _prompt(*args)
     q = q.contiguous()
     out = torch.empty_like(q)
     lens = seq_lens.to(device="cpu", dtype=torch.int64).contiguous()
-    call = bind_decode(q, k_cache, v_cache, out, tables, lens, scale, sliding_window, torch.get_num_threads())
+    threads = torch.get_num_threads()
+    call = bind_decode(q, k_cache, v_cache, out, tables, lens, scale, sliding_window, threads, sinks)
     return out if call is not None and call[0](*call[1]) == 0 else None
 
 
-def bind_decode(q, k_cache, v_cache, out, tables, lens, scale: float, sliding_window: int | None, threads):
+def bind_decode(q, k_cache, v_cache, out, tables, lens, scale: float, sliding_window: int | None, threads, sinks=None):
     """The decode kernel and its arguments, or None: one query row of q [rows, q heads, head_dim] (float32 or
     bfloat16, contiguous) per row of `tables` [rows, pages] and `lens` [rows] (int64, unit-stride rows), into
-    out like q. A call returns 0 when done. Kept by engine/models/decode_plan.py to replay a decode step."""
+    out like q. `sinks`: None, or float32 [q heads] (contiguous), each head's sink logit, which the caller keeps
+    alive while it makes calls. A call returns 0 when done. Kept by engine/models/decode_plan.py to replay a
+    decode step."""
     bits = _handles(q, k_cache, v_cache)
     if bits is None or not q.is_contiguous() or not out.is_contiguous() or out.dtype != q.dtype:
         return None
@@ -173,13 +217,15 @@ def bind_decode(q, k_cache, v_cache, out, tables, lens, scale: float, sliding_wi
         return None
     if lens.dtype != torch.int64 or tables.shape[0] != q.shape[0] or lens.shape != (q.shape[0],):
         return None
+    if sinks is not None and not bindable_sinks(sinks, q.shape[1]):
+        return None
     fn = _decode_kernel()
     if fn is None:
         return None
     pointers = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), *k_cache.stride()[:3])
     sizes = (q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], sliding_window or 0)
-    args = (*pointers, tables.data_ptr(), tables.stride(0), lens.data_ptr(), *sizes, scale, _DTYPES[q.dtype])
-    return fn, (*args, bits, threads)
+    args = (*pointers, tables.data_ptr(), tables.stride(0), lens.data_ptr(), *sizes, scale, sink_pointer(sinks))
+    return fn, (*args, _DTYPES[q.dtype], bits, threads)
 
 
 def _prompt(
@@ -192,6 +238,7 @@ def _prompt(
     seq_lens_host: Sequence[int],
     scale: float,
     sliding_window: int | None,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor | None:
     """paged_prefill_quant over the sequences' new tokens (their query rows one after another in q)."""
     fn = _prefill_kernel()
@@ -205,5 +252,5 @@ def _prompt(
     pointers = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), *k_cache.stride()[:3])
     rows = (lens.data_ptr(), starts.data_ptr(), counts.data_ptr(), len(query_lens), k_cache.shape[0])
     sizes = (q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], sliding_window or 0)
-    args = (*pointers, tables.data_ptr(), tables.stride(0), *rows, *sizes, scale, _DTYPES[q.dtype], bits)
-    return out if fn(*args, torch.get_num_threads()) == 0 else None
+    args = (*pointers, tables.data_ptr(), tables.stride(0), *rows, *sizes, scale, sink_pointer(sinks))
+    return out if fn(*args, _DTYPES[q.dtype], bits, torch.get_num_threads()) == 0 else None

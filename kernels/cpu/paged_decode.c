@@ -157,17 +157,18 @@ static void run_tasks(const Work *base, int64_t num_seqs, int64_t num_threads) {
     for (int64_t task = 0; task < num_tasks; task++) run_task(base, task);
 }
 
-/* Returns 0, or -1 for arguments outside what the kernel handles (the caller checks them first). */
+/* Returns 0, or -1 for arguments outside what the kernel handles (the caller checks them first). `sinks`: NULL, or
+   float32 [num_q_heads], each head's sink logit (paged_rows.h's softmax_start). */
 int paged_decode_attention(const void *q, const void *k_cache, const void *v_cache, void *out, int64_t page_stride,
                            int64_t slot_stride, int64_t head_stride, const int64_t *tables, int64_t table_stride,
                            const int64_t *seq_lens, int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads,
-                           int64_t head_dim, int64_t page_size, int64_t window, float scale, int dtype,
-                           int64_t num_threads) {
+                           int64_t head_dim, int64_t page_size, int64_t window, float scale, const float *sinks,
+                           int dtype, int64_t num_threads) {
     if (head_dim > MAX_DIM || num_kv_heads <= 0 || num_q_heads % num_kv_heads != 0 ||
         num_q_heads / num_kv_heads > MAX_GROUP || (dtype != 0 && dtype != 1))
         return -1;
     const Work base = {q, k_cache, v_cache, out, page_stride, slot_stride, head_stride, tables, table_stride,
-                       seq_lens, num_q_heads, num_kv_heads, head_dim, page_size, window, scale, dtype, 0};
+                       seq_lens, num_q_heads, num_kv_heads, head_dim, page_size, window, scale, dtype, 0, sinks};
     run_tasks(&base, num_seqs, num_threads);
     return 0;
 }
@@ -177,13 +178,13 @@ int paged_decode_attention(const void *q, const void *k_cache, const void *v_cac
 int paged_decode_quant(const void *q, const void *k_cache, const void *v_cache, void *out, int64_t page_stride,
                        int64_t slot_stride, int64_t head_stride, const int64_t *tables, int64_t table_stride,
                        const int64_t *seq_lens, int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads,
-                       int64_t head_dim, int64_t page_size, int64_t window, float scale, int dtype, int bits,
-                       int64_t num_threads) {
+                       int64_t head_dim, int64_t page_size, int64_t window, float scale, const float *sinks,
+                       int dtype, int bits, int64_t num_threads) {
     if (head_dim > MAX_DIM || head_dim % KVQ_GROUP || num_kv_heads <= 0 || num_q_heads % num_kv_heads != 0 ||
         num_q_heads / num_kv_heads > MAX_GROUP || (dtype != 0 && dtype != 1) || (bits != 4 && bits != 6 && bits != 8))
         return -1;
     const Work base = {q, k_cache, v_cache, out, page_stride, slot_stride, head_stride, tables, table_stride,
-                       seq_lens, num_q_heads, num_kv_heads, head_dim, page_size, window, scale, dtype, bits};
+                       seq_lens, num_q_heads, num_kv_heads, head_dim, page_size, window, scale, dtype, bits, sinks};
     run_tasks(&base, num_seqs, num_threads);
     return 0;
 }

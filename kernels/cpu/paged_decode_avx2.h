@@ -157,8 +157,7 @@ static inline __attribute__((always_inline)) void row_start_avx2(const Work *w, 
             r->q[g * chunks + c] = _mm256_mul_ps(x, scale);
             r->acc[g * chunks + c] = _mm256_setzero_ps();
         }
-        r->running_max[g] = -INFINITY;
-        r->running_sum[g] = 0.0f;
+        softmax_start(w, kv_head, g, &r->running_max[g], &r->running_sum[g]);
     }
 }
 

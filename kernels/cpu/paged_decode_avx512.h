@@ -56,8 +56,7 @@ static inline __attribute__((always_inline)) void row_start_avx512(const Work *w
             r->q[g * chunks + c] = _mm512_mul_ps(x, scale);
             r->acc[g * chunks + c] = _mm512_setzero_ps();
         }
-        r->running_max[g] = -INFINITY;
-        r->running_sum[g] = 0.0f;
+        softmax_start(w, kv_head, g, &r->running_max[g], &r->running_sum[g]);
     }
 }
 

@@ -46,6 +46,7 @@ typedef struct {
     const int64_t *seq_lens, *query_starts, *query_lens; /* per sequence */
     int64_t num_q_heads, num_kv_heads, head_dim, page_size, window;
     float scale;
+    const float *sinks; /* NULL, or float32 [num_q_heads]: each head's sink logit */
 } Work;
 
 /* exp(x) for x <= 0, 16 lanes (exp_poly of bf16.h in intrinsics) */
@@ -214,8 +215,10 @@ static void run_task(const Work *w, int64_t seq, int64_t kv_head, int64_t block_
     float running_max[BLOCK * MAX_GROUP], running_sum[BLOCK * MAX_GROUP];
     for (int64_t r = 0; r < rows; r++) {
         memset(acc[r], 0, (size_t)dim * sizeof(float));
-        running_max[r] = -INFINITY;
-        running_sum[r] = 0.0f;
+        /* a sink (gpt-oss) is the row's first key, one with no value, as in paged_rows.h's softmax_start */
+        const float sink = w->sinks ? w->sinks[kv_head * group + r % group] : -INFINITY;
+        running_max[r] = sink;
+        running_sum[r] = sink > -INFINITY ? 1.0f : 0.0f;
     }
     uint32_t keys[MAX_DIM / 2][KEYS] __attribute__((aligned(64)));   /* [dimension pair][key] */
     uint32_t values[KEYS / 2][MAX_DIM] __attribute__((aligned(64))); /* [key pair][dimension] */
@@ -256,18 +259,20 @@ static void run_task(const Work *w, int64_t seq, int64_t kv_head, int64_t block_
 }
 #endif
 
-/* Returns 0, or -1 where this build or these sizes are not handled. query_starts[i]: seq i's first row of q. */
+/* Returns 0, or -1 where this build or these sizes are not handled. query_starts[i]: seq i's first row of q;
+   sinks: NULL, or float32 [num_q_heads], each head's sink logit (gpt-oss). */
 int paged_prefill_attention(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, uint16_t *out,
                             int64_t page_stride, int64_t slot_stride, int64_t head_stride, const int64_t *tables,
                             int64_t table_stride, const int64_t *seq_lens, const int64_t *query_starts,
                             const int64_t *query_lens, int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads,
-                            int64_t head_dim, int64_t page_size, int64_t window, float scale, int64_t num_threads) {
+                            int64_t head_dim, int64_t page_size, int64_t window, float scale, const float *sinks,
+                            int64_t num_threads) {
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
     if (head_dim % 32 != 0 || head_dim > MAX_DIM || num_kv_heads <= 0 || num_q_heads % num_kv_heads != 0 ||
         num_q_heads / num_kv_heads > MAX_GROUP)
         return -1;
     const Work w = {q, k_cache, v_cache, out, page_stride, slot_stride, head_stride, tables, table_stride, seq_lens,
-                    query_starts, query_lens, num_q_heads, num_kv_heads, head_dim, page_size, window, scale};
+                    query_starts, query_lens, num_q_heads, num_kv_heads, head_dim, page_size, window, scale, sinks};
     /* tasks: (sequence, KV head, block of 16 new tokens), longest (latest) blocks first */
     int64_t tasks = 0;
     for (int64_t s = 0; s < num_seqs; s++) tasks += (query_lens[s] + BLOCK - 1) / BLOCK * num_kv_heads;
@@ -287,7 +292,7 @@ int paged_prefill_attention(const uint16_t *q, const uint16_t *k_cache, const ui
     (void)q, (void)k_cache, (void)v_cache, (void)out, (void)page_stride, (void)slot_stride, (void)head_stride;
     (void)tables, (void)table_stride, (void)seq_lens, (void)query_starts, (void)query_lens, (void)num_seqs;
     (void)num_q_heads, (void)num_kv_heads, (void)head_dim, (void)page_size, (void)window, (void)scale;
-    (void)num_threads;
+    (void)sinks, (void)num_threads;
     return -1;
 #endif
 }

@@ -239,14 +239,14 @@ int paged_prefill_quant(const void *q, const void *k_cache, const void *v_cache,
                         int64_t slot_stride, int64_t head_stride, const int64_t *tables, int64_t table_stride,
                         const int64_t *seq_lens, const int64_t *query_starts, const int64_t *query_lens,
                         int64_t num_seqs, int64_t num_pages, int64_t num_q_heads, int64_t num_kv_heads,
-                        int64_t head_dim, int64_t page_size, int64_t window, float scale, int dtype, int bits,
-                        int64_t num_threads) {
+                        int64_t head_dim, int64_t page_size, int64_t window, float scale, const float *sinks,
+                        int dtype, int bits, int64_t num_threads) {
     if (head_dim > MAX_DIM || head_dim % KVQ_GROUP || num_kv_heads <= 0 || num_q_heads % num_kv_heads != 0 ||
         num_q_heads / num_kv_heads > MAX_GROUP || (dtype != 0 && dtype != 1) || (bits != 4 && bits != 6 && bits != 8) ||
         page_size <= 0 || num_seqs < 0)
         return -1;
     const Work base = {q, k_cache, v_cache, out, page_stride, slot_stride, head_stride, tables, table_stride,
-                       seq_lens, num_q_heads, num_kv_heads, head_dim, page_size, window, scale, dtype, bits};
+                       seq_lens, num_q_heads, num_kv_heads, head_dim, page_size, window, scale, dtype, bits, sinks};
     int64_t *firsts = malloc((size_t)(num_seqs + 1) * sizeof(int64_t)); /* sequence s's first task */
     if (firsts == NULL) return -1;
     firsts[0] = 0;

@@ -39,6 +39,7 @@ typedef struct {
     float scale;
     int dtype; /* of q and out; and of the cache unless bits is set */
     int bits;  /* 0, or 8, 6, 4: a cache of quantized blocks (byte strides); q and out are then unrotated */
+    const float *sinks; /* NULL, or float32 [num_q_heads]: each head's learned sink logit (softmax_start) */
 } Work;
 
 /* The first key a row of `length` keys sees. */
@@ -73,6 +74,18 @@ static inline void block_offsets(const Work *w, const int64_t *table, int64_t kv
             page++;
         }
     }
+}
+
+/* A query head's online-softmax state before its first key. With a sink (gpt-oss: a logit per query head that
+   every row's softmax counts, a key with no value), the sink is taken as the row's first key: maximum = sink,
+   sum = exp(sink - sink) = 1, nothing added to the accumulators. The blocks then fold the keys in as ever, so
+   a sink far above or below the scores needs no care of its own (the keys' weights, or the sink's share of the
+   sum, shrink to nothing: at most e^-87, where exp_poly stops), and every path, starting its rows here,
+   applies it the same way. Without one: maximum -inf, sum 0. */
+static inline void softmax_start(const Work *w, int64_t kv_head, int64_t g, float *running_max, float *running_sum) {
+    const float sink = w->sinks ? w->sinks[kv_head * (w->num_q_heads / w->num_kv_heads) + g] : -INFINITY;
+    *running_max = sink;
+    *running_sum = sink > -INFINITY ? 1.0f : 0.0f; /* a sink of -inf is no sink */
 }
 
 /* Sums of 8 interleaved lanes, added in a fixed tree at the end: the compiler may vectorize it but not change
@@ -174,8 +187,7 @@ static void row_start(const Work *w, int64_t row, int64_t kv_head, const Row *r)
             r->q[g * dim + i] *= w->scale;
             r->acc[g * dim + i] = 0.0f;
         }
-        r->running_max[g] = -INFINITY;
-        r->running_sum[g] = 0.0f;
+        softmax_start(w, kv_head, g, &r->running_max[g], &r->running_sum[g]);
     }
 }
 

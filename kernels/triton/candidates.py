@@ -4,9 +4,9 @@ Each candidate below takes the op's arguments and returns None (so dispatch move
 unless every tensor is on a CUDA device, in a dtype and shape the kernel handles, and triton is installed.
 Only then is the kernel module imported, so a CPU-only process never loads triton at all.
 
-The kernel modules (`attention`, `kv_write`, `kv_quant`, `norm`, `rope`, `activation`, `gguf_matmul`) can also be
-called directly; the tests run them on CPU tensors under triton's interpreter, turned on by
-`launch.use_interpreter()` before triton is first imported.
+The kernel modules (`attention`, `attention_sinks`, `kv_write`, `kv_quant`, `norm`, `rope`, `activation`,
+`gguf_matmul`) can also be called directly; the tests run them on CPU tensors under triton's interpreter, turned
+on by `launch.use_interpreter()` before triton is first imported.
 """
 
 from __future__ import annotations
@@ -86,19 +86,23 @@ def paged_attention(
     sliding_window: int | None = None,
     page_runs: Sequence[int] | None = None,
 ) -> torch.Tensor | None:
-    if not _on_cuda(q, k_cache, v_cache, block_tables, seq_lens) or not _cache_ok(k_cache, v_cache):
-        return None
-    if q.dtype not in DTYPES or q.dim() != 3 or q.stride(-1) != 1 or q.shape[2] != k_cache.shape[3]:
-        return None
-    if not attention_supports(q.shape[2], q.shape[1], k_cache.shape[2]) or not query_lens:
-        return None
-    if block_tables.dim() != 2 or block_tables.stride(1) != 1:
+    if not _float_attention_ok(q, k_cache, v_cache, block_tables, seq_lens, query_lens):
         return None
     from kernels.triton import attention
 
     return attention.paged_attention(
         q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window, page_runs
     )
+
+
+def _float_attention_ok(q, k_cache, v_cache, block_tables, seq_lens, query_lens) -> bool:
+    if not _on_cuda(q, k_cache, v_cache, block_tables, seq_lens) or not _cache_ok(k_cache, v_cache):
+        return False
+    if q.dtype not in DTYPES or q.dim() != 3 or q.stride(-1) != 1 or q.shape[2] != k_cache.shape[3]:
+        return False
+    if not attention_supports(q.shape[2], q.shape[1], k_cache.shape[2]) or not query_lens:
+        return False
+    return block_tables.dim() == 2 and block_tables.stride(1) == 1
 
 
 def _quant_bits(k_cache: torch.Tensor, v_cache: torch.Tensor, head_dim: int) -> int | None:
@@ -183,6 +187,33 @@ def paged_attention_key_ends_quant(
 
     return kv_quant.paged_attention(
         q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sliding_window, key_ends
+    )
+
+
+def paged_attention_sinks(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens_host: Sequence[int],
+    scale: float,
+    sinks: torch.Tensor,
+    sliding_window: int | None = None,
+    page_runs: Sequence[int] | None = None,
+) -> torch.Tensor | None:
+    """Float and quantized (uint8) pages alike: one kernel pair takes both (kernels/triton/attention_sinks.py)."""
+    if q.dim() != 3 or not _on_cuda(q, sinks) or sinks.shape != q.shape[1:2] or not sinks.is_floating_point():
+        return None
+    args = (q, k_cache, v_cache, block_tables, seq_lens, query_lens)
+    if not (_quant_attention_ok(*args) if k_cache.dtype == torch.uint8 else _float_attention_ok(*args)):
+        return None
+    from kernels.triton import attention_sinks
+
+    sinks = sinks.to(torch.float32).contiguous()
+    return attention_sinks.paged_attention_sinks(
+        q, k_cache, v_cache, block_tables, seq_lens, query_lens, seq_lens_host, scale, sinks, sliding_window
     )
 
 
