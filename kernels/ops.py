@@ -15,7 +15,7 @@ from kernels.cpu import int4 as cpu_int4
 from kernels.cpu import kv_quant as cpu_kv_quant
 from kernels.cpu import plan as cpu_plan
 from kernels.cpu.plan import Plan
-from kernels.torch_ref import activation, attention, gguf_blocks, gguf_repack, norm, quant, rope
+from kernels.torch_ref import activation, attention, delta_rule, gguf_blocks, gguf_repack, norm, quant, rope
 from kernels.triton import candidates as triton_kernels  # imports triton itself only on the first CUDA call
 
 dispatch.register("write_kv", attention.write_kv, reference=True)
@@ -28,6 +28,11 @@ dispatch.register("paged_attention_sinks", triton_kernels.paged_attention_sinks)
 dispatch.register("paged_attention_sinks", cpu_attention.paged_attention_sinks)
 dispatch.register("paged_attention_sinks", cpu_kv_quant.paged_attention_sinks)
 dispatch.register("rms_norm", norm.rms_norm, reference=True)
+# Linear attention (Gated DeltaNet): its causal conv1d and the delta rule, prefill and decode forms; the twins only.
+dispatch.register("causal_conv1d", delta_rule.causal_conv1d, reference=True)
+dispatch.register("causal_conv1d_update", delta_rule.causal_conv1d_update, reference=True)
+dispatch.register("gated_delta_rule_chunked", delta_rule.gated_delta_rule_chunked, reference=True)
+dispatch.register("gated_delta_rule_recurrent", delta_rule.gated_delta_rule_recurrent, reference=True)
 dispatch.register("apply_rope", rope.apply_rope, reference=True)
 dispatch.register("silu_and_mul", activation.silu_and_mul, reference=True)
 # Triton kernels go ahead of the twins; each declines (None) anything but CUDA tensors it can handle.
@@ -239,3 +244,24 @@ def linear_int4(x, packed, scales_and_zeros, group_size: int, bias=None, low=Non
 def linear_blocks(x, blocks, type_name: str, bias=None):
     """x @ W.T (+ bias) for W [N, K] held as rows of GGUF blocks of `type_name` (blocks [N, row bytes] uint8)."""
     return dispatch.call("linear_blocks", x, blocks, type_name, bias)
+
+
+def causal_conv1d(x, weight, conv_states, slot: int):
+    """SiLU(depthwise causal conv) of one sequence's inputs x [n, C], continuing its window conv_states[slot]
+    (updated in place); kernels/torch_ref/delta_rule.py describes the state layout."""
+    return dispatch.call("causal_conv1d", x, weight, conv_states, slot)
+
+
+def causal_conv1d_update(x, weight, conv_states, slots):
+    """causal_conv1d for one input per sequence: x [batch, C], sequence i's window at conv_states[slots[i]]."""
+    return dispatch.call("causal_conv1d_update", x, weight, conv_states, slots)
+
+
+def gated_delta_rule_chunked(q, k, v, g, beta, states, slot: int):
+    """The gated delta rule over one sequence's new tokens (chunked form), from and into states[slot]."""
+    return dispatch.call("gated_delta_rule_chunked", q, k, v, g, beta, states, slot)
+
+
+def gated_delta_rule_recurrent(q, k, v, g, beta, states, slots):
+    """The gated delta rule for one token per sequence (recurrent form), sequence i's state at states[slots[i]]."""
+    return dispatch.call("gated_delta_rule_recurrent", q, k, v, g, beta, states, slots)
