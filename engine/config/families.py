@@ -142,6 +142,44 @@ TEXT_FAMILIES: dict[str, _TextFamily] = {
         ),
         default_theta=150000.0,
     ),
+    # Phi-3 and Phi-4 (Phi-4-mini: partial rotary and LongRoPE, whose original context is this top-level key).
+    "phi3": _TextFamily(
+        "Phi3ForCausalLM",
+        dict(
+            vocab_size=32064,
+            hidden_size=3072,
+            intermediate_size=8192,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            max_position_embeddings=4096,
+            original_max_position_embeddings=4096,
+            rms_norm_eps=1e-5,
+            bos_token_id=1,
+            eos_token_id=32000,
+            pad_token_id=32000,
+        ),
+    ),
+    # SmolLM3: the layers without rotary (no_rope_layers, or every no_rope_layer_interval-th) are read by
+    # engine/models/smollm3.py.
+    "smollm3": _TextFamily(
+        "SmolLM3ForCausalLM",
+        dict(
+            vocab_size=128256,
+            hidden_size=2048,
+            intermediate_size=11008,
+            num_hidden_layers=36,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            no_rope_layer_interval=4,
+            bos_token_id=128000,
+            eos_token_id=128001,
+            pad_token_id=128004,
+        ),
+        default_theta=2_000_000.0,
+    ),
     # Qwen2-VL / Qwen2.5-VL language models (the M-RoPE sections are read by engine/models/qwen2_vl.py).
     "qwen2_vl_text": _QWEN2_VL_TEXT,
     "qwen2_5_vl_text": _QWEN2_VL_TEXT,

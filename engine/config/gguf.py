@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from engine.config.model import ModelConfig
 from engine.errors import CorruptFileError, ModelLoadError, UnsupportedArchitectureError
@@ -31,7 +34,13 @@ ARCHITECTURES = {
     "qwen3moe": "Qwen3MoeForCausalLM",
     # gpt-oss: experts with biases, attention sinks, sliding and full layers alternating (`gpt_oss_keys`).
     "gpt-oss": "GptOssForCausalLM",
+    # Phi-3 / Phi-4: q/k/v and gate/up fused in the file as in our layers, partial rotary, LongRoPE (`phi3_keys`).
+    "phi3": "Phi3ForCausalLM",
+    # SmolLM3: llama's tensors (q/k in llama.cpp's row order), every fourth layer without rotary (`smollm3_keys`).
+    "smollm3": "SmolLM3ForCausalLM",
 }
+# Tensors read into the config, not the model: LongRoPE's per-frequency divisors (`phi3_keys`).
+LONGROPE_FACTORS = {"long_factor": "rope_factors_long.weight", "short_factor": "rope_factors_short.weight"}
 
 
 def read_gguf_config(file: GGUFFile) -> ModelConfig:
@@ -115,6 +124,10 @@ def _config_from_metadata(path: Path, arch: str, metadata: dict[str, Any], tenso
         hf |= qwen3moe_keys(get)
     if arch == "gpt-oss":
         hf |= gpt_oss_keys(get)
+    if arch == "phi3":
+        hf |= phi3_keys(path, get, tensors, hf)
+    if arch == "smollm3":
+        hf |= smollm3_keys()
     try:
         return ModelConfig.from_hf_dict(hf, architecture=ARCHITECTURES[arch])
     except ModelLoadError as e:
@@ -178,6 +191,50 @@ def gpt_oss_keys(get: Callable[..., Any]) -> dict[str, Any]:
         "swiglu_limit": 7.0,
         "swiglu_alpha": 1.702,
     }
+
+
+def phi3_keys(path: Path, get: Callable[..., Any], tensors: dict[str, Any], hf: dict[str, Any]) -> dict[str, Any]:
+    """The Phi3Config keys of a `phi3` GGUF (`get` reads `phi3.*`), as llama.cpp's converter writes them
+    (conversion/phi.py): the rotary dimensions as `rope.dimension_count`, a sliding window of 0 for none, and
+    LongRoPE as two tensors of divisors beside `rope.scaling.original_context_length` and `rope.scaling.attn_factor`
+    (no `rope.scaling.type`)."""
+    head_dim = hf["head_dim"] or hf["hidden_size"] // hf["num_attention_heads"]
+    rotary = get("rope.dimension_count") or head_dim
+    factor = rotary / head_dim
+    if int(head_dim * factor) != rotary:  # a quotient rounded below: transformers' int() must give `rotary` back
+        factor = math.nextafter(factor, math.inf)
+    keys: dict[str, Any] = {"partial_rotary_factor": factor, "sliding_window": get("attention.sliding_window") or None}
+    present = [name for name in LONGROPE_FACTORS.values() if name in tensors]
+    if not present:
+        return keys
+    if len(present) == 1:
+        missing = next(name for name in LONGROPE_FACTORS.values() if name not in tensors)
+        raise CorruptFileError(
+            f"{path} has {present[0]} but not {missing}: LongRoPE needs both sets of divisors. The file is "
+            "incomplete; convert or download it again."
+        )
+    scaling: dict[str, Any] = {"rope_type": "longrope"}
+    for key, name in LONGROPE_FACTORS.items():
+        t = tensors[name]
+        if t.tensor_type.name != "F32":
+            raise CorruptFileError(f"{path}: {name} is {t.tensor_type.name}, but LongRoPE's divisors are F32.")
+        scaling[key] = [float(v) for v in np.asarray(t.data, dtype=np.float32).reshape(-1)]
+    original = get("rope.scaling.original_context_length")
+    if original is None:  # which set a sequence takes hangs on it: no default stands in
+        raise CorruptFileError(
+            f"{path} has LongRoPE divisors but lacks phi3.rope.scaling.original_context_length, the context that "
+            "decides between them. The file is incomplete; convert or download it again."
+        )
+    scaling["original_max_position_embeddings"] = original
+    if (attention_factor := get("rope.scaling.attn_factor")) is not None:
+        scaling["attention_factor"] = attention_factor
+    return keys | {"rope_scaling": scaling}
+
+
+def smollm3_keys() -> dict[str, Any]:
+    """The SmolLM3Config keys of a `smollm3` GGUF, as llama.cpp's runtime reads the file (src/llama-model.cpp):
+    no rotary on every fourth layer and no sliding window (its code fixes both; the file has no keys for them)."""
+    return {"no_rope_layer_interval": 4, "use_sliding_window": False}
 
 
 # yarn GGUFs whose config.json said `truncate: false` (the file cannot say it; llama.cpp's runtime always rounds the

@@ -22,9 +22,14 @@ class RopeScaling:
 
     yarn (YaRN) blends interpolated (divided by `factor`) and original frequencies by a ramp between the
     dimensions that turn `beta_fast` and `beta_slow` times within the original context, and multiplies cos and
-    sin by `attention_factor` (resolved here from `mscale` / `mscale_all_dim` when the config does not give it)."""
+    sin by `attention_factor` (resolved here from `mscale` / `mscale_all_dim` when the config does not give it).
 
-    rope_type: str  # "default", "linear", "llama3" or "yarn"
+    longrope (LongRoPE: Phi-3, Phi-4-mini) divides each frequency by its own factor, from `short_factor` within
+    the original context and from `long_factor` past it (which context decides: engine/models/rope.py's
+    LongRopeTable), and multiplies cos and sin by sqrt(1 + ln(factor) / ln(original context)) unless the config
+    gives `attention_factor`, as transformers' `_compute_longrope_parameters` does."""
+
+    rope_type: str  # "default", "linear", "llama3", "yarn" or "longrope"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
@@ -32,9 +37,11 @@ class RopeScaling:
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     truncate: bool = True  # yarn: round the ramp's ends to whole dimensions (gpt-oss says false)
-    attention_factor: float = 1.0  # scale on cos and sin (yarn); 1 for the other types
+    attention_factor: float = 1.0  # scale on cos and sin (yarn, longrope); 1 for the other types
+    short_factor: tuple[float, ...] = ()  # longrope: one divisor per frequency, within the original context
+    long_factor: tuple[float, ...] = ()  # longrope: the same, past it
 
-    SUPPORTED = ("default", "linear", "llama3", "yarn")
+    SUPPORTED = ("default", "linear", "llama3", "yarn", "longrope")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None, max_position_embeddings: int = 8192) -> RopeScaling | None:
@@ -45,6 +52,8 @@ class RopeScaling:
         rope_type = d.get("rope_type", d.get("type", "default"))
         if rope_type == "mrope":
             rope_type = "default"  # Qwen2-VL's multimodal sections (read by its model) over plain frequencies
+        if rope_type == "su":
+            rope_type = "longrope"  # the first Phi-3 configs' name for it
         if rope_type not in cls.SUPPORTED:
             raise ModelLoadError(
                 f"rope_scaling type {rope_type!r} is not supported; supported types are "
@@ -55,6 +64,8 @@ class RopeScaling:
         original = int(d.get("original_max_position_embeddings") or max_position_embeddings)
         if rope_type == "yarn":
             return cls._yarn(d, original, max_position_embeddings)
+        if rope_type == "longrope":
+            return cls._longrope(d, original, max_position_embeddings)
         return cls(
             rope_type=rope_type,
             factor=float(d.get("factor", 1.0)),
@@ -91,6 +102,39 @@ class RopeScaling:
             attention_factor=float(attention_factor),
         )
 
+    @classmethod
+    def _longrope(cls, d: dict[str, Any], original: int, max_position_embeddings: int) -> RopeScaling:
+        """The factor lists' lengths are checked against the rotary dimension where the table is built."""
+        factors = {}
+        for key in ("short_factor", "long_factor"):
+            values = d.get(key)
+            if (
+                not isinstance(values, list)
+                or not values
+                or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in values)
+            ):
+                raise ModelLoadError(
+                    f"rope_scaling of type 'longrope' needs {key!r}, a list of positive numbers (one per rotary "
+                    f"frequency), got {values!r}. config.json is incomplete or damaged; use the model's own."
+                )
+            factors[key] = tuple(float(v) for v in values)
+        # Without `factor`, the stretch is the ratio of the two contexts (Phi-3's convention in transformers).
+        factor = float(d.get("factor") or max_position_embeddings / original)
+        attention_factor = d.get("attention_factor")
+        if attention_factor is None:
+            attention_factor = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+        return cls(
+            rope_type="longrope",
+            factor=factor,
+            original_max_position_embeddings=original,
+            attention_factor=float(attention_factor),
+            **factors,
+        )
+
+
+# Rope types whose original context transformers reads from a top-level `original_max_position_embeddings` first.
+_ORIGINAL_FIRST = ("llama3", "yarn", "longrope", "su")
+
 
 def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     """YaRN's magnitude correction for stretching the context `factor` times: 0.1 * mscale * ln(factor) + 1."""
@@ -112,6 +156,9 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
+    # The fraction of each head that rotary turns (its first `rotary_dim` dimensions; Phi-4-mini 0.75), the rest
+    # passing through unrotated.
+    partial_rotary_factor: float = 1.0
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # bias on q/k/v projections (Qwen2 always, Llama optional)
@@ -127,6 +174,11 @@ class ModelConfig:
     text_architecture: str | None = None
     image_token_id: int | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dimensions of each head that rotary turns, as transformers rounds them."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], architecture: str | None = None) -> ModelConfig:
@@ -154,6 +206,10 @@ class ModelConfig:
             default_theta = family.default_theta
         # transformers >= 5 writes `rope_parameters` (with rope_theta inside) instead of `rope_scaling`.
         rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
+        is_scaled = isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) in _ORIGINAL_FIRST
+        if is_scaled and d.get("original_max_position_embeddings"):
+            # transformers takes a top-level original context over the rope dict's (Phi-3 keeps it there).
+            rope = {**rope, "original_max_position_embeddings": d["original_max_position_embeddings"]}
         try:
             hidden = _size(d, "hidden_size")
             heads = _size(d, "num_attention_heads")
@@ -173,6 +229,7 @@ class ModelConfig:
                 # transformers' order: the rope dict's own theta, then the flat key, then the family's default.
                 rope_theta=float(rope.get("rope_theta") or d.get("rope_theta") or default_theta),
                 rope_scaling=RopeScaling.from_dict(rope, max_positions),
+                partial_rotary_factor=float(rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))),
                 max_position_embeddings=max_positions,
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
                 attention_bias=bool(d.get("attention_bias", architecture.startswith("Qwen2"))),
@@ -301,6 +358,12 @@ def _size(d: dict[str, Any], key: str, default: int | None = None) -> int:
 
 def _check_sizes(config: ModelConfig) -> None:
     """The relations between sizes the layers rely on, and token ids inside the vocabulary."""
+    if not 0 < config.partial_rotary_factor <= 1 or config.rotary_dim < 2 or config.rotary_dim % 2:
+        raise CorruptFileError(
+            f"config.json: partial_rotary_factor {config.partial_rotary_factor} of head_dim {config.head_dim} gives "
+            f"{config.rotary_dim} rotary dimensions; rotary needs an even number from 2 to head_dim. Fix or "
+            "re-download the file."
+        )
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     if heads % kv_heads:
         raise CorruptFileError(
@@ -319,8 +382,9 @@ def _check_sizes(config: ModelConfig) -> None:
 
 
 def _sliding_window(d: dict[str, Any], architecture: str) -> int | None:
-    """Mistral applies `sliding_window` on every layer; Qwen2/3 only when `use_sliding_window` is set."""
+    """Mistral applies `sliding_window` on every layer; Qwen2/3 and SmolLM3 only when `use_sliding_window` is
+    set (SmolLM3 then on the layers `layer_types` names, engine/models/smollm3.py)."""
     window = d.get("sliding_window")
-    if architecture.startswith("Qwen") and not d.get("use_sliding_window", False):
+    if architecture.startswith(("Qwen", "SmolLM3")) and not d.get("use_sliding_window", False):
         return None
     return int(window) if window else None

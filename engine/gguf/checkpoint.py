@@ -18,12 +18,13 @@ from pathlib import Path
 
 import torch
 
-from engine.config.gguf import ARCHITECTURES, read_gguf_config
+from engine.config.gguf import read_gguf_config
 from engine.config.model import ModelConfig
 from engine.errors import CorruptFileError
 from engine.gguf.file import GGUFFile
 from engine.gguf.names import (
     EMBEDDINGS,
+    LLAMA_QK_ORDER,
     ROPE_FREQ_FACTORS,
     select_tensors,
     unpermute_llama_qk,
@@ -113,7 +114,7 @@ def load_gguf(
             ) from None
         if isinstance(values, (QuantizedWeight, SplitWeight, BlockWeight)):
             values = values.map_rows(lambda rows: rows.to(device))
-            if config.architecture == ARCHITECTURES["llama"]:
+            if config.architecture in LLAMA_QK_ORDER:
                 values = values.map_rows(lambda rows, name=hf_name: unpermute_llama_qk(name, rows, config))
             if isinstance(values, BlockWeight):
                 values = packed(values, t)
@@ -122,7 +123,7 @@ def load_gguf(
             state_dict[hf_name] = values.to(device=device, dtype=torch.float32)
         else:
             values = unshift_gemma3_norm(hf_name, values, config).to(device=device, dtype=dtype)
-            if config.architecture == ARCHITECTURES["llama"]:
+            if config.architecture in LLAMA_QK_ORDER:
                 values = unpermute_llama_qk(hf_name, values, config)
             state_dict[hf_name] = values
         done_bytes += int(t.n_bytes)

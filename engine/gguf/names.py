@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from engine.config.gguf import ARCHITECTURES
+from engine.config.gguf import ARCHITECTURES, LONGROPE_FACTORS
 from engine.config.model import ModelConfig
 from engine.errors import TensorMismatchError
 
@@ -62,6 +62,10 @@ _GPT_OSS_LAYER_NAMES = {
     "attn_sinks": "self_attn.sinks",
     "post_attention_norm": "post_attention_layernorm",
 }
+# Phi-3: q/k/v in one tensor and gate/up in another (llama.cpp's ffn_up holds [gate | up]), as in our layers.
+_PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+_PHI3_PARTS = ["self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight"]
+_PHI3_PARTS += ["mlp.down_proj.weight"]
 _GPT_OSS_PARTS = ["mlp.router.weight", "mlp.router.bias", "self_attn.sinks.weight"]
 _GPT_OSS_PARTS += [f"mlp.experts.{p}_proj.{kind}" for p in ("gate", "up", "down") for kind in ("weight", "bias")]
 _GPT_OSS_PARTS += [f"self_attn.{p}_proj.bias" for p in "qkvo"]
@@ -71,6 +75,10 @@ _GEMMA3_NORMS += ["pre_feedforward_layernorm.weight", "post_feedforward_layernor
 _GEMMA3_NORMS += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 EMBEDDINGS = "model.embed_tokens.weight"
+# Architectures whose q/k rows llama.cpp's converter interleaves for its rope kernel (`unpermute_llama_qk`).
+LLAMA_QK_ORDER = frozenset({ARCHITECTURES["llama"], ARCHITECTURES["smollm3"]})
+# Tensors the config reads (engine/config/gguf.py), not the model.
+_CONFIG_TENSORS = frozenset(LONGROPE_FACTORS.values())
 
 
 def _is_gemma3(config: ModelConfig) -> bool:
@@ -79,6 +87,10 @@ def _is_gemma3(config: ModelConfig) -> bool:
 
 def _is_gpt_oss(config: ModelConfig) -> bool:
     return config.architecture == ARCHITECTURES["gpt-oss"]
+
+
+def _is_phi3(config: ModelConfig) -> bool:
+    return config.architecture == ARCHITECTURES["phi3"]
 
 
 def _experts(config: ModelConfig) -> tuple[int, int] | None:
@@ -96,6 +108,8 @@ def _layer_names(config: ModelConfig) -> dict[str, str]:
         return _GPT_OSS_LAYER_NAMES
     if _experts(config) is not None:
         return _MOE_LAYER_NAMES
+    if _is_phi3(config):
+        return _PHI3_LAYER_NAMES
     return _GEMMA3_LAYER_NAMES if _is_gemma3(config) else _LAYER_NAMES
 
 
@@ -149,6 +163,11 @@ def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         "mlp.up_proj.bias": (inter,),
         "mlp.down_proj.bias": (hidden,),
     }
+    if _is_phi3(config):
+        per_layer |= {
+            "self_attn.qkv_proj.weight": (q_out + 2 * kv_out, hidden),
+            "mlp.gate_up_proj.weight": (2 * inter, hidden),
+        }
     if _is_gemma3(config):
         shapes.pop(ROPE_FREQ_FACTORS)  # llama.cpp's gemma3 has no llama3-style rope: such a tensor is not read
         per_layer |= {"pre_feedforward_layernorm.weight": (hidden,), "post_feedforward_layernorm.weight": (hidden,)}
@@ -190,6 +209,8 @@ def _required_names(config: ModelConfig) -> list[str]:
         per_layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
     if _is_gemma3(config):
         per_layer += [name for name in _GEMMA3_NORMS if name not in per_layer]
+    if _is_phi3(config):
+        per_layer = per_layer[:2] + _PHI3_PARTS
     if _experts(config) is not None:
         parts = _GPT_OSS_PARTS if _is_gpt_oss(config) else _MOE_PARTS
         per_layer = [name for name in per_layer if not name.startswith("mlp.") and name not in parts] + parts
@@ -204,6 +225,8 @@ def select_tensors(path: Path, config: ModelConfig, tensors: dict[str, Any]) -> 
     selected: list[tuple[str, Any]] = []
     unknown: list[str] = []
     for name, t in tensors.items():
+        if name in _CONFIG_TENSORS:
+            continue
         hf_name = _hf_name(name, layer_names)
         if hf_name is None or hf_name not in expected:
             unknown.append(name)

@@ -8,9 +8,10 @@ mostly Python and dispatch overhead through the modules, which the plan removes.
 
 Each call is the one the layer's modules would make, with the same arguments (the ops' own `bind_*`
 functions), so a planned step gives the same bits as `DecoderLayer.forward`; tests/engine/models/
-test_decode_plan.py holds it to that. Llama, Mistral, Qwen2 (q/k/v biases) and Qwen3 (q/k norms) layers are
-covered, over bfloat16 pages or quantized ones (cache.kv_format "q8", "q6", "q4": uint8 layers, written and
-read by kernels/cpu/kv_quant.py's kernels, as the ops dispatch them); a model or batch the plan does not cover
+test_decode_plan.py holds it to that. Llama, Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k norms), Phi-3 (partial
+rotary) and SmolLM3 (layers without rotary) layers are covered, over bfloat16 pages or quantized ones
+(cache.kv_format "q8", "q6", "q4": uint8 layers, written and read by kernels/cpu/kv_quant.py's kernels, as the
+ops dispatch them); a model or batch the plan does not cover
 (float or int4 weights, Gemma 3's layers, CUDA, prompt tokens in the batch, TANDEM_FORCE_REFERENCE) takes the
 modules.
 """
@@ -161,9 +162,11 @@ def _record_layer(plan, layer, k_cache, v_cache, inputs: _Inputs, pages, x, resi
         if q_in is None or k_in is None:
             return None
     q, k = plan.buffer(rows, heads, dim), plan.buffer(rows, kv_heads, dim)
+    cos, sin = inputs.cos, inputs.sin
+    if not attn.rotary:  # a turn by 0 (cos 1, sin 0: x * 1 + y * 0 is x exactly) packs q and k as rope would
+        cos, sin = plan.buffer(*cos.shape).fill_(1.0), plan.buffer(*sin.shape)
     if not (
-        plan.add(ops.bind_rope(q_in, inputs.cos, inputs.sin, q, threads))
-        and plan.add(ops.bind_rope(k_in, inputs.cos, inputs.sin, k, threads))
+        plan.add(ops.bind_rope(q_in, cos, sin, q, threads)) and plan.add(ops.bind_rope(k_in, cos, sin, k, threads))
     ):
         return None
     o = plan.buffer(rows, heads, dim)

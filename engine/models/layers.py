@@ -39,6 +39,7 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.layer_idx = layer_idx
         self.sliding_window = sliding_window
+        self.rotary = True  # False: q and k go unrotated, attending by content alone (SmolLM3's no-rope layers)
         self.scale = head_dim**-0.5
         self.qkv_proj = Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=qkv_bias)
         self.o_proj = Linear(num_heads * head_dim, hidden_size, bias=o_bias)
@@ -57,8 +58,11 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, _ = self.q_norm(q)
             k, _ = self.k_norm(k)
-        q = ops.apply_rope(q, cos, sin)
-        k = ops.apply_rope(k, cos, sin)
+        if self.rotary:
+            q = ops.apply_rope(q, cos, sin)
+            k = ops.apply_rope(k, cos, sin)
+        else:  # packed heads, as rope leaves them, for the kernels that read them
+            q, k = q.contiguous(), k.contiguous()
         cache = batch.cache
         k_cache, v_cache = cache.k[self.layer_idx], cache.v[self.layer_idx]
         tables, slots, runs = batch.pages_of(self.layer_idx)

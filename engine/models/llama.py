@@ -97,7 +97,7 @@ class LlamaForCausalLM(Model):
 
     def forward(self, inputs: torch.Tensor, positions: torch.Tensor, batch: Batch) -> torch.Tensor:
         x = self.embed(inputs) if not inputs.is_floating_point() else inputs.to(self.dtype)
-        cos, sin = self.rope.lookup(positions, max(batch.seq_lens_host), x.dtype)
+        cos, sin = self.rope.lookup_batch(positions, batch, x.dtype)
         plan = self._decode_plan(batch, inputs)
         if plan is not None:
             x, residual, logits = plan.run(x, cos, sin, batch)

@@ -1,17 +1,24 @@
-"""Rotary embedding tables: inverse frequencies (with linear/llama3/yarn scaling) and per-position cos/sin."""
+"""Rotary embedding tables: inverse frequencies (with linear/llama3/yarn/longrope scaling) and per-position
+cos/sin."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
 from engine.config.model import ModelConfig, RopeScaling
+from engine.errors import ModelLoadError
+from engine.models.batch import Batch
 
 
-def inverse_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
-    """[rotary_dim / 2] float32 inverse frequencies, scaled as the config's rope_scaling says."""
-    dim = config.head_dim
+def inverse_frequencies(
+    config: ModelConfig, freq_factors: torch.Tensor | None = None, long: bool = False
+) -> torch.Tensor:
+    """[rotary_dim / 2] float32 inverse frequencies, scaled as the config's rope_scaling says (under longrope,
+    the short factors' unless `long`)."""
+    dim = config.rotary_dim
     # Explicit CPU device: models are built under torch.device("meta"), and these numbers must be real.
     inv = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim))
     scaling = config.rope_scaling
@@ -30,6 +37,8 @@ def inverse_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None =
         )
     elif scaling is not None and scaling.rope_type == "yarn":
         inv = _yarn(inv, dim, config.rope_theta, scaling)
+    elif scaling is not None and scaling.rope_type == "longrope":
+        inv = inv / _per_frequency(scaling.long_factor if long else scaling.short_factor, dim)
     if freq_factors is not None:
         # GGUF files store llama3-style scaling as explicit per-frequency divisors.
         inv = inv / freq_factors.to(torch.float64)
@@ -54,6 +63,16 @@ def _yarn(inv: torch.Tensor, dim: int, base: float, scaling: RopeScaling) -> tor
     return inv / scaling.factor * ramp + inv * (1 - ramp)
 
 
+def _per_frequency(factors: Sequence[float], dim: int) -> torch.Tensor:
+    """LongRoPE's divisors as a [dim / 2] tensor, one for each frequency of a rotary of `dim` dimensions."""
+    if len(factors) != dim // 2:
+        raise ModelLoadError(
+            f"rope_scaling's longrope factors list {len(factors)} numbers, but a rotary of {dim} dimensions has "
+            f"{dim // 2} frequencies. The config (or GGUF file) is damaged or not this model's; use its own."
+        )
+    return torch.tensor(factors, dtype=torch.float64, device="cpu")
+
+
 class RotaryTable:
     """cos/sin for positions 0..n, grown on demand (decided from host-side lengths, never by a device sync).
 
@@ -70,7 +89,14 @@ class RotaryTable:
     def for_config(cls, config: ModelConfig, freq_factors: torch.Tensor | None = None) -> RotaryTable:
         """The table of `config`'s rope: its frequencies and, under yarn, its attention factor."""
         scaling = config.rope_scaling
+        if scaling is not None and scaling.rope_type == "longrope":
+            long = inverse_frequencies(config, freq_factors, long=True)
+            return LongRopeTable(inverse_frequencies(config, freq_factors), long, scaling)
         return cls(inverse_frequencies(config, freq_factors), 1.0 if scaling is None else scaling.attention_factor)
+
+    def lookup_batch(self, positions: torch.Tensor, batch: Batch, dtype: torch.dtype):
+        """Per-token (cos, sin) of one forward step over `batch`, whose tokens are at `positions`."""
+        return self.lookup(positions, max(batch.seq_lens_host), dtype)
 
     def lookup(
         self, positions: torch.Tensor, max_position: int, dtype: torch.dtype
@@ -85,6 +111,39 @@ class RotaryTable:
             factor = self.attention_factor
             self.cos, self.sin = (emb.cos() * factor).to(dtype), (emb.sin() * factor).to(dtype)
         return self.cos[positions], self.sin[positions]
+
+
+class LongRopeTable(RotaryTable):
+    """LongRoPE (Phi-3, Phi-4-mini): the short factors' frequencies (this table's own) or the long factors'
+    (`long`), both scaled by the attention factor.
+
+    Which set a step takes is fixed by the cache's context, as vLLM (max_model_len) and llama.cpp (n_ctx) fix it:
+    the long set where the cache can hold a sequence longer than `original_max_position_embeddings`, the short
+    set otherwise. transformers decides by the sequence, and recomputes every cached key with the long set when
+    a sequence grows past the original context (Phi3ForCausalLM.prepare_inputs_for_generation); deciding by the
+    cache gives the same numbers wherever the two agree (sequences past the original context in a long cache,
+    every sequence in a short one), and keeps keys valid as a sequence grows: no recompute, and chunked prefill,
+    prefix reuse and batching give what one pass gives."""
+
+    def __init__(self, short_inv_freq: torch.Tensor, long_inv_freq: torch.Tensor, scaling: RopeScaling):
+        super().__init__(short_inv_freq, scaling.attention_factor)
+        self.long = RotaryTable(long_inv_freq, scaling.attention_factor)
+        self.original = scaling.original_max_position_embeddings
+
+    def lookup(
+        self, positions: torch.Tensor, max_position: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Without a cache to decide by: the long set when the longest sequence (`max_position`) is past the
+        original context, as transformers decides one forward pass."""
+        if max_position > self.original:
+            return self.long.lookup(positions, max_position, dtype)
+        return super().lookup(positions, max_position, dtype)
+
+    def lookup_batch(self, positions: torch.Tensor, batch: Batch, dtype: torch.dtype):
+        longest = max(batch.seq_lens_host)
+        if batch.cache.max_seq_len > self.original:
+            return self.long.lookup(positions, longest, dtype)
+        return super().lookup(positions, longest, dtype)
 
 
 class MultimodalRotaryTable(RotaryTable):

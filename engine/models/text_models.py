@@ -8,9 +8,11 @@ from engine.models.base import Model
 from engine.models.gemma3.text import Gemma3ForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.llama import LlamaForCausalLM
+from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.models.qwen3_moe import Qwen3MoeForCausalLM
+from engine.models.smollm3 import SmolLM3ForCausalLM
 
 TEXT_MODELS: dict[str, type[Model]] = {
     arch: cls
@@ -21,6 +23,8 @@ TEXT_MODELS: dict[str, type[Model]] = {
         Qwen3MoeForCausalLM,
         Gemma3ForCausalLM,
         GptOssForCausalLM,
+        Phi3ForCausalLM,
+        SmolLM3ForCausalLM,
     )
     for arch in cls.architectures
 }
