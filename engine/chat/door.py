@@ -240,7 +240,8 @@ class ChatFrontDoor:
             reasoning=reasoning,
             # Harmony's channels are special tokens: the job's text keeps them for the parser, which leaves
             # them out of the reasoning and answer it gives.
-            decode_special_tokens=reasoning is not None and reasoning.decodes_special_tokens,
+            decode_special_tokens=answer.decode_special_tokens
+            or (reasoning is not None and reasoning.decodes_special_tokens),
             prompt_penalties=answer.prompt_penalties,
             priority=answer.priority,
         )

@@ -38,6 +38,7 @@ class AnswerOptions:
     prompt_penalties: bool = True  # False: presence/frequency penalties count the answer only (OpenAI's rule)
     split_reasoning: bool = True
     priority: int = 0  # DynamicJob.priority: higher is admitted first
+    decode_special_tokens: bool = False  # the text keeps special tokens (a tool-call syntax made of them)
     identifier: object = None
 
     def __post_init__(self) -> None:

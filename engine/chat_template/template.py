@@ -98,8 +98,10 @@ class ChatTemplate:
 
         Content is a string or a list of parts ({"type": "text", "text": ...}, {"type": "image"}).
         `tools` are JSON schemas, `documents` dicts; `extra` become template variables (e.g.
-        enable_thinking). Raises ChatTemplateError for any failure inside the template, TypeError when
-        messages, tools or documents are not lists of dicts.
+        enable_thinking). Tool calls and results come in transformers' shape: an assistant message's
+        `tool_calls` ({"id", "type": "function", "function": {"name", "arguments": {...}}}) and `tool`
+        messages with `tool_call_id` (engine.tools.messages makes them from OpenAI's). Raises ChatTemplateError
+        for any failure inside the template, TypeError when messages, tools or documents are not lists of dicts.
 
         A render is bounded: past RENDER_SECONDS (2 s) of work, or past MAX_OUTPUT_CHARS (4 MB) of text, or
         when one step would build more than that (a huge format width, `'a' * 10**9`), it stops with a

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine.generator.dynamic_async import DynamicJobAsync, GeneratorClosedError
-from engine.server.errors import EXCEPTION_HANDLERS, APIError
+from engine.server.errors import EXCEPTION_HANDLERS, APIError, bad_request
 from engine.server.guard import DEFAULT_MAX_BODY_BYTES, check_api_key, read_json
 from engine.server.messages import read_messages
 from engine.server.params import Generation, chat_request, completion_request
@@ -29,6 +29,8 @@ from engine.server.responses import ChatFormat, CompletionFormat
 from engine.server.results import pieces
 from engine.server.served import ServedModel
 from engine.server.stream import DONE, ClientGone, EventStream, sse, unless_disconnected
+from engine.tools.schema import ToolError
+from engine.tools.stream import ToolCallParser
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +98,18 @@ def create_app(
         req = chat_request(await read_json(request, options.max_body_bytes))
         served = serving()  # one model for the whole request, even if the app swaps models meanwhile
         served.check_model(req.generation.model)
-        ids, images = await served.chat_prompt(read_messages(req.messages), req.template_options, req.generation)
-        job = served.start_job(ids, images, req.generation)
-        return await _reply(request, served, job, req.generation, ChatFormat(served.model_id, req.generation.logprobs))
+        chat = read_messages(req.messages)
+        use = served.tool_use(req.tools, req.tool_choice, req.parallel_tool_calls)
+        try:
+            chat.messages = use.messages(chat.messages)
+        except ToolError as e:
+            raise bad_request(str(e), e.param) from None
+        variables = {**req.template_options, **use.template_options()}
+        ids, images = await served.chat_prompt(chat, variables, req.generation)
+        generation, tools = served.tool_job(use, ids, req.generation)
+        job = served.start_job(ids, images, generation)
+        fmt = ChatFormat(served.model_id, generation.logprobs, tools)
+        return await _reply(request, served, job, generation, fmt, tools)
 
     async def completions(request: Request) -> Response:
         check_api_key(request, options.api_key)
@@ -120,9 +131,15 @@ def create_app(
 
 
 async def _reply(
-    request: Request, served: ServedModel, job: DynamicJobAsync, gen: Generation, fmt: ChatFormat | CompletionFormat
+    request: Request,
+    served: ServedModel,
+    job: DynamicJobAsync,
+    gen: Generation,
+    fmt: ChatFormat | CompletionFormat,
+    tools: ToolCallParser | None = None,
 ) -> Response:
-    """Stream the job's output or wait for all of it; either way the job ends and its slot is freed."""
+    """Stream the job's output or wait for all of it; either way the job ends and its slot is freed. `tools`
+    reads tool calls out of the answer."""
     finished = False
     closed = False
 
@@ -135,7 +152,7 @@ async def _reply(
         if not finished:
             await job.cancel()  # the reply ended early (client gone, an error): stop the job, free its pages
 
-    results = pieces(job, served.tokenizer, gen.top_logprobs, gen.logprobs)
+    results = pieces(job, served.tokenizer, gen.top_logprobs, gen.logprobs, tools)
     if gen.stream:
 
         async def events():

@@ -4,6 +4,9 @@
                                  {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}]}
     ->  {"role": "user", "content": [{"type": "text", "text": "What is this?"}, {"type": "image"}]}  + [png bytes]
 
+An assistant message's `tool_calls` and a `tool` message's result are checked for shape and kept in OpenAI's form
+(arguments as JSON text); engine.tools.messages turns them into what the model's template takes.
+
 Images come only as data: URLs: fetching http(s) URLs would make the server a client of any host a
 request names, and would stall a job on someone else's network.
 """
@@ -18,7 +21,7 @@ from typing import Any
 
 from engine.server.errors import bad_request
 
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
 @dataclass
@@ -34,15 +37,64 @@ def read_messages(raw: list[Any]) -> ChatInput:
         if not isinstance(message, Mapping):
             raise bad_request(f"{where} must be an object with role and content.", where)
         role = message.get("role")
-        if role in ("tool", "function") or message.get("tool_calls") or message.get("function_call"):
-            raise bad_request(f"{where}: tool calls and tool results are not supported by this server.", where)
+        if role == "function" or message.get("function_call"):
+            raise bad_request(
+                f"{where}: function messages and function_call are OpenAI's retired names; send tool_calls and "
+                "tool messages.",
+                where,
+            )
         if role not in _ROLES:
-            raise bad_request(f"{where}.role must be one of system, developer, user, assistant; got {role!r}.", where)
+            raise bad_request(
+                f"{where}.role must be one of system, developer, user, assistant, tool; got {role!r}.", where
+            )
         content = message.get("content")
         if content is None and role == "assistant":
             content = ""
-        out.messages.append({"role": _ROLES[role], "content": _content(content, role, where, out.images)})
+        read = {"role": _ROLES[role], "content": _content(content, role, where, out.images)}
+        if role == "assistant" and message.get("tool_calls"):
+            read["tool_calls"] = _tool_calls(message["tool_calls"], where)
+        elif role == "tool":
+            read.update(_tool_result(message, where))
+        out.messages.append(read)
     return out
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise bad_request(f"{where}.tool_calls must be a list of calls.", f"{where}.tool_calls")
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise bad_request(
+                f'{at} must be {{"id": ..., "type": "function", "function": {{"name": ..., "arguments": "{{...}}"}}}}.',
+                at,
+            )
+        arguments = function.get("arguments", "{}")
+        if not isinstance(arguments, str):
+            raise bad_request(f"{at}.function.arguments must be the arguments' JSON text.", f"{at}.function.arguments")
+        call_id = call.get("id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise bad_request(f"{at}.id must be a string.", f"{at}.id")
+        out.append(
+            {
+                "id": call_id or f"call_{j}",
+                "type": "function",
+                "function": {"name": function["name"], "arguments": arguments},
+            }
+        )
+    return out
+
+
+def _tool_result(message: Mapping[str, Any], where: str) -> dict[str, Any]:
+    call_id = message.get("tool_call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise bad_request(
+            f"{where}: a tool message needs tool_call_id, the id of the call it answers.", f"{where}.tool_call_id"
+        )
+    name = message.get("name")
+    return {"tool_call_id": call_id, **({"name": name} if isinstance(name, str) and name else {})}
 
 
 def _content(content: Any, role: str, where: str, images: list[bytes]) -> str | list[dict[str, Any]]:

@@ -4,7 +4,8 @@ Defaults are OpenAI's (temperature 1, top_p 1, no top-k, no penalties), not the 
 an API client that sends only `messages` expects what OpenAI would do with them. temperature 0 is greedy,
 exactly as `python -m engine generate --greedy`. Extensions that vLLM's server also takes: top_k, min_p,
 repetition_penalty, min_tokens. `reasoning_effort` (OpenAI's, for reasoning models) becomes the chat template
-variable of that name, which gpt-oss's template writes into its system message.
+variable of that name, which gpt-oss's template writes into its system message. `tools`, `tool_choice` and
+`parallel_tool_calls` are read by engine.tools.schema, whose errors name the field.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from engine.generator.filters import Filter, JSONFilter
 from engine.generator.sampler import SamplerSettings
 from engine.reasoning import REASONING_EFFORTS
 from engine.server.errors import bad_request
+from engine.tools.schema import Tool, ToolChoice, ToolError, read_tool_choice, read_tools
 
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
 
 # Fields clients send that change nothing here; anything else unknown is refused, so a misspelt
 # parameter is never silently ignored.
-_IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
+_IGNORED = {"user", "metadata", "store", "service_tier"}
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class Generation:
     top_logprobs: int
     stream: bool
     include_usage: bool
+    decode_special_tokens: bool = False  # set for a tool-call syntax made of special tokens
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class ChatRequest:
     messages: list[Any]  # as sent; engine.server.messages reads them
     # chat_template_kwargs (e.g. enable_thinking) and reasoning_effort
     template_options: dict[str, Any] = field(default_factory=dict)
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = ToolChoice("none")
+    parallel_tool_calls: bool = True
 
 
 @dataclass(frozen=True)
@@ -117,14 +123,15 @@ def chat_request(body: Any) -> ChatRequest:
             f"max_tokens ({max_tokens}) and max_completion_tokens ({max_completion}) disagree; send one of them.",
             "max_completion_tokens",
         )
-    _no_tools(f)
+    tools, choice = _tools(f)
+    parallel = f.flag("parallel_tool_calls", True)
     generation = _generation(f, max_completion if max_completion is not None else max_tokens, logprobs, top)
     options = _template_options(f.get("chat_template_kwargs"))
     effort = _reasoning_effort(f.get("reasoning_effort"), options)
     if effort is not None:
         options["reasoning_effort"] = effort
     f.done()
-    return ChatRequest(generation, messages, options)
+    return ChatRequest(generation, messages, options, tools, choice, parallel)
 
 
 def completion_request(body: Any) -> CompletionRequest:
@@ -151,14 +158,16 @@ def completion_request(body: Any) -> CompletionRequest:
     return CompletionRequest(generation, prompt)
 
 
-def _no_tools(f: _Fields) -> None:
-    if f.get("tools") or f.get("functions"):
+def _tools(f: _Fields) -> tuple[tuple[Tool, ...], ToolChoice]:
+    if f.get("functions") is not None or f.get("function_call") is not None:
         raise bad_request(
-            "Tool and function calling is not supported by this server; send the request without tools.", "tools"
+            "functions and function_call are OpenAI's retired names; send tools and tool_choice instead.", "functions"
         )
-    choice = f.get("tool_choice")
-    if choice not in (None, "none", "auto"):
-        raise bad_request("tool_choice can only be 'none' here: this server has no tool calling.", "tool_choice")
+    try:
+        tools = read_tools(f.get("tools"))
+        return tools, read_tool_choice(f.get("tool_choice"), tools)
+    except ToolError as e:
+        raise bad_request(str(e), e.param) from None
 
 
 def _generation(f: _Fields, max_tokens: int | None, logprobs: bool, top_logprobs: int) -> Generation:

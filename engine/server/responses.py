@@ -10,16 +10,20 @@ import uuid
 from typing import Any
 
 from engine.server.results import Piece, TokenLogprob, finish_reason, usage
+from engine.tools.stream import ToolCallParser
 
 
 class ChatFormat:
-    """`chat.completion` bodies and `chat.completion.chunk` stream events."""
+    """`chat.completion` bodies and `chat.completion.chunk` stream events. With `tools` (the parser reading the
+    job's answer, which `pieces` feeds) the content is what it left of the answer, and its calls come as
+    `tool_calls` with finish reason "tool_calls"."""
 
-    def __init__(self, model: str, logprobs: bool):
+    def __init__(self, model: str, logprobs: bool, tools: ToolCallParser | None = None):
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.logprobs = logprobs
+        self.tools = tools
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
@@ -30,14 +34,20 @@ class ChatFormat:
         return {"content": [_chat_logprob(e) for e in entries], "refusal": None}
 
     def body(self, entries: list[TokenLogprob], final: dict[str, Any]) -> dict[str, Any]:
-        message = {"role": "assistant", "content": final.get("full_answer", final["full_completion"]), "refusal": None}
+        content = final.get("full_answer", final["full_completion"])
+        calls = self.tools.calls if self.tools is not None else []
+        if self.tools is not None:
+            content = self.tools.content.strip() if calls else self.tools.content
+        message = {"role": "assistant", "content": content or (None if calls else content), "refusal": None}
         if "full_reasoning" in final:  # a reasoning model: its thinking apart, as vLLM and DeepSeek's API send it
             message["reasoning_content"] = final["full_reasoning"] or None
+        if calls:
+            message["tool_calls"] = [call.openai() for call in calls]
         choice = {
             "index": 0,
             "message": message,
             "logprobs": self._logprobs(entries),
-            "finish_reason": finish_reason(final),
+            "finish_reason": finish_reason(final, bool(calls)),
         }
         return {**self._head("chat.completion"), "choices": [choice], "usage": usage(final)}
 
@@ -46,12 +56,16 @@ class ChatFormat:
         return self._chunk(delta, None, None, include_usage)
 
     def chunk(self, piece: Piece, include_usage: bool) -> dict[str, Any] | None:
-        if not piece.text and not piece.reasoning and not piece.logprobs and piece.final is None:
+        quiet = not piece.text and not piece.reasoning and not piece.tool_calls and not piece.logprobs
+        if quiet and piece.final is None:
             return None
-        reason = finish_reason(piece.final) if piece.final is not None else None
-        delta = {"reasoning_content": piece.reasoning} if piece.reasoning else {}
-        if piece.text or (piece.final is None and not piece.reasoning):
+        called = self.tools is not None and bool(self.tools.calls)
+        reason = finish_reason(piece.final, called) if piece.final is not None else None
+        delta: dict[str, Any] = {"reasoning_content": piece.reasoning} if piece.reasoning else {}
+        if piece.text or (piece.final is None and not piece.reasoning and not piece.tool_calls):
             delta["content"] = piece.text
+        if piece.tool_calls:
+            delta["tool_calls"] = [call.openai() for call in piece.tool_calls]
         return self._chunk(delta, self._logprobs(piece.logprobs), reason, include_usage)
 
     def _chunk(self, delta: dict, logprobs: Any, reason: str | None, include_usage: bool) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 from engine.generator.dynamic_async import DynamicJobAsync
+from engine.tools.calls import CallDelta
+from engine.tools.stream import ToolCallParser
 
 
 @dataclass(frozen=True)
@@ -27,25 +29,33 @@ class TokenLogprob:
 @dataclass
 class Piece:
     """New text of one result; `final` is the eos result (usage, finish reason) on the last piece. For a job
-    that tells reasoning apart, `text` is the answer's part and `reasoning` the thinking's."""
+    that tells reasoning apart, `text` is the answer's part and `reasoning` the thinking's; for one that may call
+    tools, `text` is the answer's content and `tool_calls` the calls it added to."""
 
     text: str
     logprobs: list[TokenLogprob] = field(default_factory=list)
     final: dict[str, Any] | None = None
     reasoning: str = ""
+    tool_calls: list[CallDelta] = field(default_factory=list)
 
 
-async def pieces(job: DynamicJobAsync, tokenizer: Any, top_logprobs: int, want_logprobs: bool) -> AsyncIterator[Piece]:
-    """The job's output as pieces, ending with the eos result. Leaving early cancels the job (its `async for`)."""
+async def pieces(
+    job: DynamicJobAsync, tokenizer: Any, top_logprobs: int, want_logprobs: bool, tools: ToolCallParser | None = None
+) -> AsyncIterator[Piece]:
+    """The job's output as pieces, ending with the eos result; `tools` reads calls out of the answer. Leaving
+    early cancels the job (its `async for`)."""
     async for result in job:
         if result["stage"] != "streaming":
             continue
         entries = _logprobs(result, tokenizer, top_logprobs) if want_logprobs else []
         final = result if result["eos"] else None
-        if "reasoning" in result:
-            yield Piece(result["answer"], entries, final, result["reasoning"])
-        else:
-            yield Piece(result.get("text", ""), entries, final)
+        split = "reasoning" in result
+        text = result["answer"] if split else result.get("text", "")
+        calls: list[CallDelta] = []
+        if tools is not None:
+            delta = tools.read_result(result)
+            text, calls = delta.content, delta.calls
+        yield Piece(text, entries, final, result["reasoning"] if split else "", calls)
 
 
 def _logprobs(result: dict[str, Any], tokenizer: Any, top: int) -> list[TokenLogprob]:
@@ -76,8 +86,11 @@ def _token(tokenizer: Any, token_id: int) -> tuple[str, bytes]:
     return data.decode("utf-8", errors="replace"), data
 
 
-def finish_reason(result: dict[str, Any]) -> str:
-    return "length" if result.get("eos_reason") == "max_new_tokens" else "stop"
+def finish_reason(result: dict[str, Any], called: bool = False) -> str:
+    """The reply's finish reason: length when the token limit cut it off, else tool_calls when it `called`."""
+    if result.get("eos_reason") == "max_new_tokens":
+        return "length"
+    return "tool_calls" if called else "stop"
 
 
 def usage(result: dict[str, Any]) -> dict[str, Any]:

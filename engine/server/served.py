@@ -14,6 +14,7 @@ streams.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,10 @@ from engine.server.errors import APIError, bad_request
 from engine.server.messages import ChatInput
 from engine.server.params import Generation
 from engine.server.sizing import PAGE_SIZE, cache_size
+from engine.tools.formats import tool_format_of
+from engine.tools.schema import Tool, ToolChoice
+from engine.tools.stream import ToolCallParser
+from engine.tools.use import ToolUse
 from engine.vision.handle import vision_of
 
 log = logging.getLogger(__name__)
@@ -99,6 +104,8 @@ class ServedModel:
         self.overflow = OverflowPolicy.parse(overflow)
         # Chat replies put a reasoning model's thinking in reasoning_content (as vLLM and DeepSeek's API do).
         self.reasoning = chat.reasoning
+        # The model's tool-call syntax, read from its chat template (engine.tools.formats).
+        self.tool_format = tool_format_of(self.template, self.tokenizer)
         self.max_concurrent = max_concurrent
         self.max_queue = max_queue
         self.priority = priority
@@ -233,6 +240,25 @@ class ServedModel:
             )
         return prompt.ids, list(prompt.images)
 
+    def tool_use(self, tools: tuple[Tool, ...], choice: ToolChoice, parallel: bool) -> ToolUse:
+        """A request's tools in this model's call syntax."""
+        return ToolUse(self.tool_format, tools, choice, parallel)
+
+    def tool_job(
+        self, use: ToolUse, ids: torch.Tensor, generation: Generation
+    ) -> tuple[Generation, ToolCallParser | None]:
+        """`generation` with the filter that holds the answer to the call syntax (replacing a response_format's,
+        which then holds the text answers of tool_choice auto), and the parser that reads the answer's calls."""
+        schema = next((f.schema for f in generation.filters if isinstance(getattr(f, "schema", None), dict)), None)
+        try:
+            job = use.prepare(self.tokenizer, ids, self.reasoning, schema)
+        except ValueError as e:
+            raise bad_request(f"The tools cannot be made into a grammar for this model: {e}", "tools") from None
+        if job.parser is None:
+            return generation, None
+        replaced = dataclasses.replace(generation, filters=job.filters, decode_special_tokens=job.decode_special_tokens)
+        return replaced, job.parser
+
     async def completion_prompt(self, prompt: str | list[int]) -> torch.Tensor:
         """Prompt ids [1, n] of a raw prompt: special-token text is read as special tokens (as Hugging Face
         tokenizers do), and BOS is added where the model wants it and the text lacks it."""
@@ -280,6 +306,7 @@ class ServedModel:
             prompt_penalties=False,  # OpenAI's presence/frequency penalties count the completion only
             split_reasoning=prompt_param == "messages",
             priority=self.priority,
+            decode_special_tokens=generation.decode_special_tokens,
         )
         max_tokens = self._fit(int(ids.shape[-1]), answer, prompt_param)
         if generation.logprobs:

@@ -67,7 +67,7 @@ def test_bad_and_unknown_fields_are_refused_by_name():
     refused(chat, "top_logprobs", top_logprobs=2)
     refused(chat, "stream_options", stream_options={"include_usage": True})
     refused(chat, "response_format", response_format={"type": "json_schema", "json_schema": {"schema": 5}})
-    refused(chat, "tools", tools=[{"type": "function", "function": {"name": "f"}}])
+    refused(chat, "tools[0].function.name", tools=[{"type": "function", "function": {"description": "f"}}])
     assert "temprature" in refused(chat, "temprature", temprature=1).message
     refused(lambda **f: chat_request({"model": "m", **f}), "messages", messages=[])
     refused(lambda **f: completion_request({"model": "m", **f}), "prompt", prompt=["a", "b"])
