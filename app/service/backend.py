@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol, TypedDict, runtime_checkable
 
 from app.service.generation import GenerationSettings
 from app.service.images import ImageSource, KnownImage  # a stored file's path, bytes, or bytes with their digest
+from app.service.tool_request import ToolRequest
 from engine.errors import ChatTemplateError, ImageError  # what start_answer raises for a bad image or template
 from engine.vision.prompt import user_message  # a user message with n {"type": "image"} parts: start_answer's form
 
@@ -79,10 +80,12 @@ class AnswerChunk(_ChunkText, total=False):
     time_generate: float
     accepted_draft_tokens: int  # when the engine speculates
     rejected_draft_tokens: int
+    # an answer given tools (app.service.tool_request) that calls them: OpenAI's tool_calls, on the last chunk
+    tool_calls: list[dict[str, Any]]
 
 
 # The numbers of a last chunk, taken as they are from the engine's (or a server's) eos result.
-EOS_KEYS = tuple(sorted(AnswerChunk.__optional_keys__ - {"identifier"}))
+EOS_KEYS = tuple(sorted(AnswerChunk.__optional_keys__ - {"identifier", "tool_calls"}))
 
 
 @runtime_checkable
@@ -138,10 +141,12 @@ class Backend(Protocol):
         images: Sequence[ImageSource],
         settings: GenerationSettings,
         identifier: object = None,
+        tools: ToolRequest | None = None,
     ) -> AnswerJob:
         """Start answering `messages` ({"role", "content"} dicts; a user message's content may hold
         {"type": "image"} parts, whose files are `images`, in order) after `system_prompt` (none when empty),
-        generated as `settings` say. Raises ContextFull (a ValueError) when the conversation fills the
+        generated as `settings` say. With `tools` the answer may call them, its calls on its last chunk
+        ("tool_calls"), and `messages` may hold assistant tool_calls and tool results (app.service.tool_loop). Raises ContextFull (a ValueError) when the conversation fills the
         model's context, ImageError (a ValueError) for an image that cannot be read, ChatTemplateError when
         the model's template refuses the conversation, ModelSwapped when the model changed meanwhile,
         RuntimeError with no model; a backend may raise later failures from the job instead."""

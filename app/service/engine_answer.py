@@ -13,15 +13,25 @@ from collections.abc import AsyncIterator
 from app.service.backend import EOS_KEYS, AnswerChunk
 from engine import DynamicJobAsync
 from engine.generator.results import Result
+from engine.tools.stream import ToolCallParser
 
 
 class EngineAnswer:
     """An AnswerJob over one engine job (`job`, a DynamicJobAsync). `first_seen` is the index of the message
     the model's view resumes at when the overflow policy dropped older turns (None: it sees them all);
-    `context_capped`: the job may make fewer tokens than the settings ask, because the context ends first."""
+    `context_capped`: the job may make fewer tokens than the settings ask, because the context ends first.
+    `parser` reads an answer that may call tools: each chunk's answer is then its content, and the last chunk
+    carries the calls under "tool_calls" (OpenAI's form)."""
 
-    def __init__(self, job: DynamicJobAsync, first_seen: int | None = None, context_capped: bool = False):
+    def __init__(
+        self,
+        job: DynamicJobAsync,
+        first_seen: int | None = None,
+        context_capped: bool = False,
+        parser: ToolCallParser | None = None,
+    ):
         self.job = job
+        self.parser = parser
         self.first_seen = first_seen
         self.context_capped = context_capped
         self.prefill: tuple[int, int] | None = None  # (prompt tokens read, of how many) while the prompt is read
@@ -72,4 +82,8 @@ def answer_chunk(result: Result, job: EngineAnswer) -> AnswerChunk:
     for key in EOS_KEYS:
         if key in result:
             chunk[key] = result[key]
+    if job.parser is not None:
+        chunk["answer"] = job.parser.read_result(result).content
+        if chunk["eos"] and job.parser.calls:
+            chunk["tool_calls"] = [call.openai() for call in job.parser.calls]
     return chunk

@@ -46,6 +46,7 @@ from app.service.loading import (
 from app.service.local_backend import LocalBackend
 from app.service.memory_plan import DEFAULT_CONTEXT_TOKENS, MAX_CACHE_TOKENS, PAGE_SIZE, free_memory_bytes
 from app.service.speculation import Speculation, generator_arguments
+from app.service.tool_request import ToolRequest
 from app.service.workers import LOADER, in_worker
 from engine import DynamicGeneratorAsync, DynamicJobAsync, MMEmbedding, Model, SamplerSettings, Tokenizer
 from engine.loading.starter import fetch_starter, starter_path
@@ -218,8 +219,9 @@ class EngineService(QObject):
         images: Sequence[ImageSource],
         settings: GenerationSettings,
         identifier: object = None,
+        tools: ToolRequest | None = None,
     ) -> AnswerJob:
-        return await self.local_backend.start_answer(messages, system_prompt, images, settings, identifier)
+        return await self.local_backend.start_answer(messages, system_prompt, images, settings, identifier, tools)
 
     async def embed_images(self, images: Sequence[ImageSource]) -> list[MMEmbedding]:
         return await self.local_backend.embed_images(images)

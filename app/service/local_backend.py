@@ -14,6 +14,7 @@ off the GUI thread and words the door's refusals for the window. Nothing here lo
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,6 +26,8 @@ from app.service.engine_answer import EngineAnswer
 from app.service.generation import DEFAULT_OVERFLOW, GenerationSettings, sampler_settings
 from app.service.images import ImageSource, embed_all
 from app.service.loaded import Loaded, no_vision_message
+from app.service.local_tools import LocalTools
+from app.service.tool_request import ToolRequest
 from app.service.workers import PROMPT, VISION, in_worker
 from engine import DynamicGeneratorAsync, DynamicJobAsync, SamplerSettings
 from engine.chat.door import ChatPrompt
@@ -114,16 +117,22 @@ class LocalBackend:
         images: Sequence[ImageSource],
         settings: GenerationSettings,
         identifier: object = None,
+        tools: ToolRequest | None = None,
     ) -> EngineAnswer:
         """The Backend protocol's answer: embed `images`, build the prompt (both off the GUI thread), check it
         leaves room to answer, and start the job, its length capped by what is left of the context; the job's
         results are read as AnswerChunks. Past the context the chat's overflow policy drops old turns; the
-        answer's `first_seen` says which message the model's view resumes at (None: it sees them all)."""
+        answer's `first_seen` says which message the model's view resumes at (None: it sees them all).
+        With `tools` the answer may call them (app.service.local_tools): its last chunk carries the calls."""
         loaded = self._require_model()
+        calling = LocalTools.of(loaded, tools) if tools is not None and tools.tools else None
         embeddings = await self.embed_images(images) if images else None
         if self._loaded is not loaded:
             raise ModelSwapped(f"{loaded.name} was replaced while the images were being read")
         options = settings.template_options()
+        if calling is not None:  # the system prompt goes first among the messages, as the tool templates read it
+            messages, system_prompt = calling.messages(messages, system_prompt), ""
+            options = {**options, **calling.template_options()}
         answer = AnswerOptions(
             settings=settings.sampler(),
             max_new_tokens=settings.max_new_tokens,
@@ -144,9 +153,17 @@ class LocalBackend:
                 f"This conversation ({e.num_prompt} tokens) fills the model's context of {e.context_length} "
                 "tokens. Start a new chat (Ctrl+T) or edit an earlier message."
             ) from None
+        parser = None
+        if calling is not None:
+            tool_job = await in_worker(calling.prepare, prompt.ids, pool=PROMPT)
+            answer = dataclasses.replace(
+                answer, filters=tool_job.filters, decode_special_tokens=tool_job.decode_special_tokens
+            )
+            parser = tool_job.parser
         job = self._start(loaded, prompt.ids, answer, max_new_tokens, prompt.images)
         # a job shorter than the settings ask ends at the context's end, not at its own limit
-        return EngineAnswer(job, first_seen=prompt.first_seen, context_capped=max_new_tokens < answer.max_new_tokens)
+        capped = max_new_tokens < answer.max_new_tokens
+        return EngineAnswer(job, first_seen=prompt.first_seen, context_capped=capped, parser=parser)
 
     async def embed_images(self, images: Sequence[ImageSource]) -> list[MMEmbedding]:
         """Embeddings of `images` (file paths, or encoded bytes) for the current model, in order.

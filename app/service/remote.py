@@ -34,6 +34,7 @@ from app.service.remote_errors import (
 )
 from app.service.remote_overflow import RemoteFit, TokenCounter
 from app.service.remote_stream import RemoteJob
+from app.service.tool_request import ToolRequest
 from engine.chat.overflow import OverflowPolicy
 from engine.vision.prompt import count_images
 
@@ -163,6 +164,7 @@ class RemoteBackend:
         images: Sequence[ImageSource],
         settings: GenerationSettings,
         identifier: object = None,
+        tools: ToolRequest | None = None,
     ) -> RemoteJob:
         """Send the conversation and start streaming its answer; `async for result in job` reads it.
 
@@ -176,6 +178,9 @@ class RemoteBackend:
         Past the model's context the chat's overflow policy leaves old turns out (app.service.remote_overflow):
         this returns once they are chosen, and the job's `first_seen` says which message the model's view
         resumes at (None: it sees them all), as the local engine's answer does.
+
+        `tools` go as the API's `tools`, `tool_choice` and `parallel_tool_calls`; the calls streamed back come on
+        the last chunk's "tool_calls", and messages may carry assistant `tool_calls` and tool results.
         """
         if images and not self.sees_images:
             raise ValueError(
@@ -194,6 +199,10 @@ class RemoteBackend:
             # In the job's task, so that a server which cannot be reached fails the job, as the engine's do.
             await self._ensure_listed()
             out = {**self.request_body(wire, settings), **await fit.fit(self._context_length)}
+            if tools is not None and tools.tools:
+                out["tools"] = [dict(t) for t in tools.tools]
+                out["tool_choice"] = tools.choice
+                out["parallel_tool_calls"] = tools.parallel
             if self._optional_refused:
                 out = {k: v for k, v in out.items() if k not in OPTIONAL_FIELDS}
             return out
@@ -351,5 +360,9 @@ def _wire_messages(
                 else dict(part)
                 for part in content
             ]
-        out.append({"role": message["role"], "content": content})
+        wired = {"role": message["role"], "content": content}
+        for key in ("tool_calls", "tool_call_id"):  # a tool loop's calls and results (app.service.tool_loop)
+            if message.get(key):
+                wired[key] = message[key]
+        out.append(wired)
     return out

@@ -41,7 +41,7 @@ from app.service.remote_overflow import RemoteFit
 log = logging.getLogger(__name__)
 
 # OpenAI finish_reason -> the engine's eos_reason.
-EOS_REASONS = {"stop": "stop_token", "length": "max_new_tokens"}
+EOS_REASONS = {"stop": "stop_token", "length": "max_new_tokens", "tool_calls": "stop_token"}
 
 _END = object()  # queued after a cancel: iteration stops without an eos result, as an engine job's does
 
@@ -263,6 +263,7 @@ class _Stats:
         self.finish_reason: str | None = None
         self.stop_reason: object = None
         self.usage: Mapping[str, Any] = {}
+        self.calls: dict[int, dict[str, Any]] = {}  # tool calls by index, their arguments joined as they stream
 
     def take(self, chunk: Mapping[str, Any]) -> tuple[str, str]:
         """The chunk's (thinking sent apart, content) deltas of its first choice, noting its finish reason and
@@ -280,6 +281,7 @@ class _Stats:
         delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
         reasoning = _text(delta, "reasoning_content") or _text(delta, "reasoning")
         content = _text(delta, "content")
+        self._take_calls(delta.get("tool_calls"))
         if not reasoning and not content:
             return "", ""
         now = time.perf_counter()
@@ -287,6 +289,23 @@ class _Stats:
         self.time_last = now
         self.num_text_chunks += 1
         return reasoning, content
+
+    def _take_calls(self, deltas: Any) -> None:
+        """OpenAI's delta.tool_calls: a call's first delta has its index, id and name, later ones add arguments."""
+        for d in deltas if isinstance(deltas, list) else []:
+            if not isinstance(d, dict):
+                continue
+            index = d.get("index") if isinstance(d.get("index"), int) else len(self.calls)
+            call = self.calls.setdefault(
+                index, {"id": f"call_{index}", "type": "function", "function": {"name": "", "arguments": ""}}
+            )
+            function = d.get("function") if isinstance(d.get("function"), dict) else {}
+            if isinstance(d.get("id"), str) and d["id"]:
+                call["id"] = d["id"]
+            if isinstance(function.get("name"), str) and not call["function"]["name"]:
+                call["function"]["name"] = function["name"]
+            if isinstance(function.get("arguments"), str):
+                call["function"]["arguments"] += function["arguments"]
 
     def eos_result(self, full_completion: str) -> dict[str, Any]:
         now = time.perf_counter()
@@ -309,7 +328,7 @@ class _Stats:
             "time_enqueued": self.time_headers - self.time_sent,
             "time_prefill": first - self.time_headers,
             "time_generate": last - first,
-        }
+        } | ({"tool_calls": [self.calls[i] for i in sorted(self.calls)]} if self.calls else {})
 
 
 class _Split:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from app.store.document_index import create_tables as create_document_tables
 from app.store.errors import StoreError
 from app.store.search_index import ensure_index
 
@@ -115,7 +116,33 @@ def _v4_drafts(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX draft_attachments_by_sha ON draft_attachments (sha)")
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_create_tables, _v2_search_index, _v3_message_branches, _v4_drafts)
+def _v5_documents(conn: sqlite3.Connection) -> None:
+    """Version 5: documents sent with messages, their passages and the passages' FTS5 index
+    (app/store/documents.py; the index only where this SQLite has FTS5)."""
+    create_document_tables(conn)
+
+
+def _v6_chat_tools(conn: sqlite3.Connection) -> None:
+    """Version 6: each chat's tool switches (app/store/tool_settings.py); a tool with no row is off."""
+    conn.execute(
+        """CREATE TABLE chat_tools (
+            chat_id INTEGER NOT NULL REFERENCES chats (id) ON DELETE CASCADE,
+            tool TEXT NOT NULL,
+            enabled INTEGER NOT NULL CHECK (enabled IN (0, 1)),
+            PRIMARY KEY (chat_id, tool)
+        )"""
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    _v1_create_tables,
+    _v2_search_index,
+    _v3_message_branches,
+    _v4_drafts,
+    _v5_documents,
+    _v6_chat_tools,
+)
+DOCUMENTS_VERSION = 5  # a store stopped before it has no documents: its messages carry none
 BRANCHES_VERSION = 3  # a store stopped before it (tools, tests) keeps one thread per chat, as Tandem did then
 
 

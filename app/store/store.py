@@ -10,6 +10,7 @@ The store is a set of repositories over one connection, each a small class for o
       _settings     Settings      JSON values by key                      get_setting, set_setting
       presets       Presets       built-in and user sampler presets       store.presets.all(), .save(), .delete()
       models        ModelList     the models the user added               store.models.all(), .add(), .remove()
+      documents     Documents     documents sent with messages, searched  store.documents.add(), .search(), ...
       export        Export        a chat as Markdown or JSON              store.export.markdown(), .json(), ...
 
 The calls every chat tab makes (chats, messages, attachments, drafts, settings) are Store methods that pass
@@ -25,6 +26,7 @@ from typing import Any
 from app.store.attachments import Attachments
 from app.store.chats import Chats
 from app.store.db import Database
+from app.store.documents import Documents
 from app.store.drafts import Draft, Drafts
 from app.store.export import Export
 from app.store.messages import Messages
@@ -69,6 +71,7 @@ class Store:
         self._settings = Settings(self._db)
         self.presets = Presets(self._db, Path(builtin_presets) if builtin_presets is not None else BUILTIN_PRESETS_PATH)
         self.models = ModelList(self._db)
+        self.documents = Documents(self._db)
         self.export = Export(self._chats, self._messages, self._attachments)
         self._attachments.sweep()
         # Messages written before the search index existed are indexed on a thread of their own (minutes for

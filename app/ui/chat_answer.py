@@ -25,6 +25,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from app.documents.prompt import prompt_documents
 from app.service.answer_stats import eos_stats
 from app.service.backend import (
     AnswerJob,
@@ -81,6 +82,7 @@ class _Stream:
     base_tokens: int = 0  # ...and its tokens
     overflow: str = "stop"
     first_seen: int | None = None  # the message the model's view begins at, as last told to the chat
+    sources: list[dict[str, str]] = field(default_factory=list)  # the documents' passages in its prompt
 
 
 def conversation(
@@ -90,19 +92,27 @@ def conversation(
     version of it), and the shas of their images in prompt order.
 
     A model that cannot see images gets the text alone (images sent to an earlier vision model stay
-    stored and shown, but are left out of its prompt).
+    stored and shown, but are left out of its prompt). A user message's documents go before its text, whole
+    or by the passages that best match the last question (app.documents.prompt).
     """
     messages: list[dict[str, Any]] = []
     shas: list[str] = []
-    for m in _prompt_messages(store, chat_id, before):
+    thread = _prompt_messages(store, chat_id, before)
+    documents = prompt_documents(store, thread)
+    for m in thread:
         if see_images and m.role == "user" and m.images:
-            messages.append(user_message(m.text, len(m.images)))
+            messages.append(user_message(documents.text_of(m), len(m.images)))
             shas += m.images
         elif m.role == "assistant":  # its thinking stays out of the next prompt, as reasoning templates expect
             messages.append({"role": m.role, "content": answer_only(m.text, m.stats)})
         else:
-            messages.append({"role": m.role, "content": m.text})
+            messages.append({"role": m.role, "content": documents.text_of(m)})
     return messages, shas
+
+
+def conversation_sources(store: Any, chat_id: int, before: int | None = None) -> list[dict[str, str]]:
+    """The documents' passages `conversation(...)` puts into the prompt: the answer's sources."""
+    return prompt_documents(store, _prompt_messages(store, chat_id, before)).sources
 
 
 def conversation_ids(store: Any, chat_id: int, before: int | None = None) -> list[int]:
@@ -149,6 +159,7 @@ class ChatAnswer(QObject):
         self._preparing = False  # images are being embedded or the prompt built before the answer's job starts
         self._version_of: int | None = None  # the answer being written again: this one is a new version of it
         self._extension: Extension | None = None  # the answer being written on (Continue)
+        self._sources: list[dict[str, str]] = []  # the documents' passages its prompt holds
         self._save_timer = QTimer(self)
         self._save_timer.timeout.connect(self._save_partial)
         self.filled_context = False  # the last answer met the context's end and its overflow policy frees room
@@ -186,6 +197,9 @@ class ChatAnswer(QObject):
         self._version_of = version_of
         self._extension = extension
         self._stopping = False
+        # the same thread the tab built `messages` from (before the answer written again or on)
+        before = extension.widget.message_id if extension is not None else version_of
+        self._sources = conversation_sources(self.store, self.chat_id, before)
         if extension is not None:
             extension.widget.set_streaming(True)
         else:
@@ -257,6 +271,7 @@ class ChatAnswer(QObject):
                 "assistant",
                 "",
                 settings=settings.to_dict(),
+                stats={"sources": self._sources} if self._sources else None,
                 complete=False,
                 version_of=self._version_of,
             )
@@ -269,6 +284,9 @@ class ChatAnswer(QObject):
         self._job = job
         self._stopping = False
         self._stream = _Stream(answer.id, widget, prompt_tokens, settings.json_mode, reasoning=reasoning)
+        self._stream.sources = self._sources
+        if self._sources:
+            widget.set_stats({"sources": self._sources})  # shown under the answer while it streams
         self._track(self._stream, settings, job)
         widget.set_reasoning_format(reasoning)
         self._save_timer.start(self._save_interval_ms())
@@ -297,6 +315,7 @@ class ChatAnswer(QObject):
             inside=ext.inside,
             prefix=ext.text,
             base_tokens=ext.num_tokens,
+            sources=self._sources,
         )
         self._track(self._stream, settings, job)
         self._save_timer.start(self._save_interval_ms())
@@ -367,6 +386,7 @@ class ChatAnswer(QObject):
             stats = {**stats, **format_stats(stream.reasoning, stream.inside)}  # shown apart when reopened
             if stream.widget.thinking_seconds is not None:
                 stats["thinking_seconds"] = round(stream.widget.thinking_seconds, 2)
+        stats = _with_sources(stats, stream)
         self._write(stream, stats=stats, complete=complete)
         self.filled_context = (  # only the local engine's answers know: a server's "length" may be either limit
             complete
@@ -415,5 +435,11 @@ class ChatAnswer(QObject):
         stream = self._stream
         if stream is None:
             return False
-        self._write(stream, stats={"new_tokens": stream.num_tokens, "stopped": True}, complete=False)
+        stats = _with_sources({"new_tokens": stream.num_tokens, "stopped": True}, stream)
+        self._write(stream, stats=stats, complete=False)
         return True
+
+
+def _with_sources(stats: dict[str, Any], stream: _Stream) -> dict[str, Any]:
+    """An answer's stats with the passages it was given, which show under it (app/ui/message_documents.py)."""
+    return {**stats, "sources": stream.sources} if stream.sources else stats

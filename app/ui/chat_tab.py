@@ -284,17 +284,17 @@ class ChatTab(AttachingImages, KeepingDraft, ChoosingEffort, QWidget):
     # --- sending --------------------------------------------------------------------------------------------
 
     def send(self) -> bool:
-        """Send the typed message (and attached images) and start the answer; False when refused."""
+        """Send the typed message (and attached images and documents) and start the answer; False when refused."""
         self._saves.retry()  # the user's next action tries an unsaved answer again
         text = self.input.toPlainText().strip()
         attachments = self.strip.attachments()
         if self.is_streaming:
             self.show_notice("This chat is still answering. Wait for it, or stop it (Esc) first.")
             return False
-        if not text and not attachments:
+        if not text and not attachments and not self.strip.documents():
             return False
         if self._num_attaching:
-            self.show_notice("Images are still being checked; send again in a moment.")
+            self.show_notice("Attachments are still being read; send again in a moment.")
             return False
         if not self.backend.is_loaded:
             self.show_notice("No model is loaded yet. Wait for it to load, or open one from the Model menu.")
@@ -312,6 +312,7 @@ class ChatTab(AttachingImages, KeepingDraft, ChoosingEffort, QWidget):
             shas = [self.store.add_attachment(a.data, a.suffix, a.sha256) for a in attachments]
             # An edited message is a new version of it: the old one and its branch stay, behind ←/→.
             message = self.store.add_message(self.chat_id, "user", text, images=shas, version_of=self._editing_id)
+            message = self.store_documents(message)  # taken back if its documents cannot be kept
         except StoreError as e:
             self.show_notice(f"Not sent: {e}\nYour message is still in the box: send it again once this is fixed.")
             return False

@@ -28,6 +28,7 @@ from shiboken6 import isValid
 from app.service.reasoning import split, stored_format
 from app.service.workers import FILES, submit
 from app.ui.context_divider import ContextDivider
+from app.ui.message_documents import DocumentsBlock
 from app.ui.rich_text import COPY_CODE_SCHEME, code_blocks, markdown_to_html, warm_up
 from app.ui.theme import is_dark
 from app.ui.thinking_block import ThinkingBlock
@@ -235,6 +236,8 @@ class MessageWidget(QFrame):
             self._add_image(path)
         self.images.addStretch()
         layout.addLayout(self.images)
+        self.documents = DocumentsBlock()  # a user message's document chips, an answer's sources (from the stats)
+        layout.addWidget(self.documents)
 
         self.stats_label = QLabel()
         self.stats_label.setObjectName("statsLabel")
@@ -330,6 +333,7 @@ class MessageWidget(QFrame):
 
     def set_stats(self, stats: dict[str, Any]) -> None:
         self.is_cut = self.role == "assistant" and cut_at_limit(stats)
+        self.documents.set_stats(stats)
         line = format_stats(stats)
         self.stats_label.setText(line)
         self.stats_label.setVisible(bool(line))

@@ -20,6 +20,10 @@ class StoreV2(Store):
     migrations = (*MIGRATIONS, add_pinned_column)
 
 
+LATEST = len(MIGRATIONS)
+ALL = list(range(1, LATEST + 1))
+
+
 def versions(path) -> list[int]:
     raw = sqlite3.connect(path)
     try:
@@ -28,9 +32,10 @@ def versions(path) -> list[int]:
         raw.close()
 
 
-def test_new_file_is_wal_with_foreign_keys_and_version_4(store):
-    assert store.schema_version == 4 == len(MIGRATIONS)  # 2: the search index, 3: message versions, 4: drafts
-    assert versions(store.path) == [1, 2, 3, 4]
+def test_new_file_is_wal_with_foreign_keys_and_the_latest_version(store):
+    # 2: the search index, 3: message versions, 4: drafts, 5: documents, 6: chats' tool switches
+    assert store.schema_version == LATEST == 6
+    assert versions(store.path) == ALL
     raw = sqlite3.connect(store.path)
     assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     raw.close()
@@ -42,7 +47,7 @@ def test_reopening_does_not_migrate_again(tmp_path):
     path = tmp_path / "t.sqlite3"
     Store(path).close()
     Store(path).close()
-    assert versions(path) == [1, 2, 3, 4]
+    assert versions(path) == ALL
 
 
 def test_migration_path_upgrades_an_existing_file_and_keeps_data(tmp_path):
@@ -54,30 +59,30 @@ def test_migration_path_upgrades_an_existing_file_and_keeps_data(tmp_path):
         message = v1.add_message(pinned.id, "user", "hello", images=[sha], stats={"n": 1})
         v1.set_setting("window", [1, 2, 3, 4])
         v1.presets.save("mine", {"temperature": 0.4})
-    assert versions(path) == [1, 2, 3, 4]
+    assert versions(path) == ALL
 
     with StoreV2(path) as v2:
-        assert v2.schema_version == 5
+        assert v2.schema_version == LATEST + 1
         assert [c.id for c in v2.list_chats()] == [pinned.id, other.id]
         assert v2.messages(pinned.id) == [message]
         assert v2.get_setting("window") == [1, 2, 3, 4]
         assert [p.name for p in v2.presets.all() if not p.builtin] == ["mine"]
         v2.add_message(other.id, "user", "written after the upgrade")
-    assert versions(path) == [1, 2, 3, 4, 5]
+    assert versions(path) == [*ALL, LATEST + 1]
     raw = sqlite3.connect(path)
     assert dict(raw.execute("SELECT title, pinned FROM chats").fetchall()) == {"Pin me": 1, "Other": 0}
     raw.close()
 
-    with StoreV2(path) as reopened:  # already at 5: nothing runs twice
+    with StoreV2(path) as reopened:  # already upgraded: nothing runs twice
         assert reopened.messages(other.id)[0].text == "written after the upgrade"
-    assert versions(path) == [1, 2, 3, 4, 5]
+    assert versions(path) == [*ALL, LATEST + 1]
 
 
 def test_failed_migration_leaves_the_file_at_its_version(tmp_path):
     def half_done(conn: sqlite3.Connection) -> None:
         conn.execute("CREATE TABLE tags (name TEXT)")
         conn.execute("DELETE FROM messages")
-        raise RuntimeError("bug in migration 5")
+        raise RuntimeError("bug in the new migration")
 
     class BrokenV2(Store):
         migrations = (*MIGRATIONS, half_done)
@@ -86,9 +91,11 @@ def test_failed_migration_leaves_the_file_at_its_version(tmp_path):
     with Store(path) as v1:
         chat = v1.create_chat("Survives")
         v1.add_message(chat.id, "user", "still here")
-    with pytest.raises(StoreError, match="schema version 5.*bug in migration 5.*left at version 4"):
+    with pytest.raises(
+        StoreError, match=f"schema version {LATEST + 1}.*bug in the new migration.*left at version {LATEST}"
+    ):
         BrokenV2(path)
-    assert versions(path) == [1, 2, 3, 4]
+    assert versions(path) == ALL
     with Store(path) as again:
         assert [m.text for m in again.messages(chat.id)] == ["still here"]
         assert not again._db.rows("SELECT name FROM sqlite_master WHERE name = 'tags'")
@@ -99,9 +106,12 @@ def test_newer_schema_version_is_refused(tmp_path):
     with StoreV2(path) as v2:
         v2.create_chat("from the future")
     before = path.read_bytes()
-    with pytest.raises(StoreError, match=r"newer Tandem \(schema version 5; this Tandem knows up to 4\)"):
+    latest = len(MIGRATIONS)
+    with pytest.raises(
+        StoreError, match=rf"newer Tandem \(schema version {latest + 1}; this Tandem knows up to {latest}\)"
+    ):
         Store(path)
-    assert versions(path) == [1, 2, 3, 4, 5]
+    assert versions(path) == list(range(1, latest + 2))
     assert path.read_bytes() == before
 
 

@@ -207,9 +207,9 @@ def test_history_shows_thumbnails(window, app_store):
 def test_dropping_files_on_the_chat(window, run, ui, tmp_path):
     tab = window.current_tab()
     (tmp_path / "photo.png").write_bytes(png_bytes())
-    (tmp_path / "notes.txt").write_text("not a picture")
+    (tmp_path / "notes.xyz").write_text("not a picture")  # (a .txt is a document: test_documents_chat.py)
     mime = QMimeData()  # kept alive here: the events only point at it
-    mime.setUrls([QUrl.fromLocalFile(str(tmp_path / name)) for name in ("photo.png", "notes.txt")])
+    mime.setUrls([QUrl.fromLocalFile(str(tmp_path / name)) for name in ("photo.png", "notes.xyz")])
     buttons, keys = Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier
 
     async def go():
@@ -221,7 +221,7 @@ def test_dropping_files_on_the_chat(window, run, ui, tmp_path):
 
     run(go())
     assert [a.name for a in tab.strip.attachments()] == ["photo.png"]
-    assert "notes.txt is not an image" in tab.notice_text()
+    assert "notes.xyz is not a file Tandem can attach" in tab.notice_text()
 
 
 def test_a_refusal_clears_once_a_good_image_is_attached(window, run, tmp_path):
