@@ -13,6 +13,7 @@ from kernels.cpu import build as cpu_build
 from kernels.cpu import elementwise as cpu_elementwise
 from kernels.cpu import int4 as cpu_int4
 from kernels.cpu import kv_quant as cpu_kv_quant
+from kernels.cpu import moe_decode as cpu_moe_decode
 from kernels.cpu import plan as cpu_plan
 from kernels.cpu.plan import Plan
 from kernels.torch_ref import activation, attention, delta_rule, gguf_blocks, gguf_repack, norm, quant, rope
@@ -124,6 +125,9 @@ bind_write_slots = cpu_elementwise.bind_write_slots
 bind_paged_decode = cpu_attention.bind_decode
 bind_write_kv_quant = cpu_kv_quant.bind_write  # quantized pages (uint8 cache layers)
 bind_paged_decode_quant = cpu_kv_quant.bind_decode
+moe_expert_parts = cpu_moe_decode.expert_parts  # a mixture of experts' projections, for the two calls below
+bind_moe_gate_up = cpu_moe_decode.bind_gate_up
+bind_moe_down = cpu_moe_decode.bind_down
 PlanError = cpu_plan.PlanError
 
 

@@ -11,7 +11,10 @@ functions), so a planned step gives the same bits as `DecoderLayer.forward`; tes
 test_decode_plan.py holds it to that. Llama, Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k norms), Phi-3 (partial
 rotary) and SmolLM3 (layers without rotary) layers are covered, over bfloat16 pages or quantized ones
 (cache.kv_format "q8", "q6", "q4": uint8 layers, written and read by kernels/cpu/kv_quant.py's kernels, as the
-ops dispatch them); a model or batch the plan does not cover
+ops dispatch them). So are mixture-of-experts MLPs (Qwen3-MoE; gpt-oss, with its attention sinks bound into the
+attention call): the route runs as the module's torch ops, the experts in two C calls around the activation
+(kernels/cpu/moe_decode.c) over each routed expert's slice of the packed blocks, with the module's roundings;
+float experts run as the module inside the plan. A model or batch the plan does not cover
 (float or int4 weights, Gemma 3's layers, CUDA, prompt tokens in the batch, TANDEM_FORCE_REFERENCE) takes the
 modules.
 """
@@ -22,11 +25,14 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from engine.models.batch import Batch
+from engine.models.moe import SparseMoE
 from kernels import ops
 
 MAX_ROWS = 32  # decode rows a plan is recorded for; larger batches are arithmetic-bound anyway
+_FLOAT_ROUTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a MoE router's float32 weights, by module
 
 
 @dataclass
@@ -138,7 +144,7 @@ def covers(batch: Batch, inputs: torch.Tensor) -> bool:
 def _record_layer(plan, layer, k_cache, v_cache, inputs: _Inputs, pages, x, residual):
     """Append one DecoderLayer's calls; returns its (output, residual) buffers, or None if not covered."""
     attn, mlp = layer.self_attn, layer.mlp
-    if type(mlp).__name__ != "GatedMLP":
+    if type(mlp).__name__ != "GatedMLP" and not isinstance(mlp, SparseMoE):
         return None
     rows, threads = x.shape[0], plan.threads
     # the first layer's residual is its input (DecoderLayer.forward); later ones add the previous output
@@ -179,6 +185,9 @@ def _record_layer(plan, layer, k_cache, v_cache, inputs: _Inputs, pages, x, resi
     norm = layer.post_attention_layernorm
     if not plan.add(ops.bind_rms_norm(attn_out, residual, summed2, norm.weight, norm.eps, h2, threads)):
         return None
+    if isinstance(mlp, SparseMoE):
+        moe = _record_moe(plan, mlp, h2)
+        return None if moe is None else (moe, summed2)
     gate_up = _record_linear(plan, mlp.gate_up_proj, h2)
     if gate_up is None:
         return None
@@ -194,9 +203,14 @@ def _record_attention(plan, attn, q, k, v, k_cache, v_cache, inputs: _Inputs, pa
     `pages`: the layer's (tables, slots) buffers."""
     threads, window = plan.threads, attn.sliding_window
     (tables, slots), lens = pages, inputs.lens
+    sinks = getattr(attn, "sinks", None)  # gpt-oss: a learned sink logit per query head, read as float32
+    if sinks is not None:
+        sinks = plan.buffer(*sinks.shape, dtype=torch.float32).copy_(sinks.detach().float())
     if k_cache.dtype == torch.uint8:  # quantized pages: rotated and quantized as they are written
         write = ops.bind_write_kv_quant(k, v, k_cache, v_cache, slots, threads)
-        decode = ops.bind_paged_decode_quant(q, k_cache, v_cache, o, tables, lens, attn.scale, window, threads)
+        decode = ops.bind_paged_decode_quant(
+            q, k_cache, v_cache, o, tables, lens, attn.scale, window, threads, sinks=sinks
+        )
         return plan.add(write) and plan.add(decode)
     writes = [ops.bind_write_slots(new, cache, slots) for new, cache in ((k, k_cache), (v, v_cache))]
     if all(writes):
@@ -210,7 +224,82 @@ def _record_attention(plan, attn, q, k, v, k_cache, v_cache, inputs: _Inputs, pa
             v_cache.index_put_((pages, offsets), v)
 
         plan.add_python(write_kv)
-    return plan.add(ops.bind_paged_decode(q, k_cache, v_cache, o, tables, lens, attn.scale, window, threads))
+    return plan.add(
+        ops.bind_paged_decode(q, k_cache, v_cache, o, tables, lens, attn.scale, window, threads, sinks=sinks)
+    )
+
+
+def _record_moe(plan, mlp: SparseMoE, x: torch.Tensor) -> torch.Tensor:
+    """Append a mixture-of-experts MLP over x [rows, hidden]; returns its output buffer. The route (float32
+    router, top-k, softmax) runs as the module's torch ops; the experts run in the C calls of
+    kernels/cpu/moe_decode.c where their blocks are the block kernels', else as the module."""
+    out = plan.buffer(*x.shape)
+    rows, top_k = x.shape[0], mlp.top_k
+    ids, weights = plan.buffer(rows, top_k, dtype=torch.int64), plan.buffer(rows, top_k)
+    calls = _bind_experts(plan, mlp, x, ids, weights, out)
+    if calls is None:
+
+        def moe() -> None:
+            out.copy_(mlp(x))
+
+        plan.add_python(moe)
+        return out
+
+    router = _router(mlp.gate)
+
+    def route() -> None:
+        routed, experts = mlp.route(x, None if router is None else F.linear(x.float(), *router))
+        weights.copy_(routed)
+        ids.copy_(experts)
+
+    plan.add_python(route)
+    for call in calls:
+        if isinstance(call, tuple):
+            plan.add(call)
+        else:
+            plan.add_python(call)
+    return out
+
+
+def _router(gate) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """A float router's weight and bias in float32, converted once for all of a model's plans (1 MB a layer in
+    Qwen3-30B-A3B; SparseMoE._router_logits converts the same values at every call); None for a quantized router,
+    which the module runs."""
+    if gate.is_quantized:
+        return None
+    if gate not in _FLOAT_ROUTERS:
+        bias = None if gate.bias is None else gate.bias.detach().float()
+        _FLOAT_ROUTERS[gate] = (gate.weight.detach().float(), bias)
+    return _FLOAT_ROUTERS[gate]
+
+
+def _bind_experts(plan, mlp: SparseMoE, x, ids, weights, out) -> list | None:
+    """The experts' calls (bound kernels, or Python steps for an activation the C kernels do not have), or
+    None where their blocks are not the block kernels'."""
+    tables = []
+    for experts in (mlp.experts_gate_up, mlp.experts_down):
+        if not experts.block_types:  # float experts
+            return None
+        blocks = [getattr(experts, f"blocks{i}") for i in range(len(experts.block_types))]
+        table = ops.moe_expert_parts(blocks, experts.block_types, experts.num_experts, experts.in_features)
+        if table is None:
+            return None
+        tables.append(plan.buffer(*table.shape, dtype=torch.int64).copy_(table))
+    pairs, hidden = x.shape[0] * mlp.top_k, x.shape[1]
+    width = mlp.experts_gate_up.out_features
+    order, gathered = plan.buffer(pairs, dtype=torch.int64), plan.buffer(pairs, hidden)
+    gate_up, act, down = plan.buffer(pairs, width), plan.buffer(pairs, width // 2), plan.buffer(pairs, hidden)
+    gate_up_bias, down_bias = mlp.experts_gate_up.bias, mlp.experts_down.bias
+    first = ops.bind_moe_gate_up(x, ids, tables[0], gate_up_bias, order, gathered, gate_up, plan.threads)
+    last = ops.bind_moe_down(act, ids, weights, order, tables[1], down_bias, down, out, plan.threads)
+    if type(mlp).activate is SparseMoE.activate:  # SiLU-and-multiply, as ops.silu_and_mul computes it
+        activation = ops.bind_silu_and_mul(gate_up, act, plan.threads)
+    else:  # the model's own (gpt-oss's clamped SwiGLU): elementwise, so all pairs at once give each its bits
+
+        def activation() -> None:
+            act.copy_(mlp.activate(gate_up))
+
+    return None if first is None or last is None or activation is None else [first, activation, last]
 
 
 def _record_head(plan, model, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor | None:

@@ -177,11 +177,6 @@ class GptOssForCausalLM(LlamaForCausalLM):
             layer.self_attn = SinkAttention(config, i, settings.sliding_window if settings.is_sliding[i] else None)
             layer.mlp = GptOssMoE(config, settings)
 
-    def _decode_plan(self, batch: Batch, inputs: torch.Tensor) -> None:
-        # A recorded step (engine/models/decode_plan.py) covers no MoE layer, and its attention binding passes no
-        # sinks (ops.bind_paged_decode takes them as `sinks=`): off, so a plan that learns MoE cannot drop them.
-        return None
-
     def checkpoint_names(self, name: str) -> tuple[str, ...]:
         if ".mlp.gate." in name:  # our router is SparseMoE's `gate`
             return (name.replace(".mlp.gate.", ".mlp.router."),)

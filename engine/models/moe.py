@@ -152,9 +152,10 @@ class SparseMoE(nn.Module):
         self.experts_gate_up = Experts(num_experts, hidden_size, 2 * expert_size)  # gate rows, then up rows
         self.experts_down = Experts(num_experts, expert_size, hidden_size)
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights [T, top_k] in x's dtype, expert ids [T, top_k] ascending) per token."""
-        logits = self._router_logits(x)
+    def route(self, x: torch.Tensor, logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, top_k] in x's dtype, expert ids [T, top_k] ascending) per token. `logits`: the router's
+        float32 logits of x where the caller has them (a recorded decode step keeps the router in float32)."""
+        logits = self._router_logits(x) if logits is None else logits
         if self.softmax_after_topk:
             logits, expert_ids = torch.topk(logits, self.top_k, dim=-1)
             weights = torch.softmax(logits, dim=-1)

@@ -82,6 +82,7 @@ KERNELS = (
     "kquant_matmul",
     "block32_matmul",
     "kv_quant",
+    "moe_decode",
 )
 
 

@@ -22,7 +22,7 @@ from engine.generator.dynamic import DynamicGenerator
 from engine.generator.job import DynamicJob
 from engine.generator.sampler import SamplerSettings
 from engine.model_info import read_model_info
-from engine.models import Batch, Model
+from engine.models import Batch, Model, decode_plan
 from engine.models.moe import SparseMoE
 from kernels import ops
 
@@ -170,6 +170,8 @@ def test_q8_0_experts_stay_in_blocks_and_a_decode_step_reads_only_the_routed_one
         return linear_blocks(x, blocks, type_name, bias)
 
     monkeypatch.setattr(ops, "linear_blocks", spy_linear_blocks)
+    # the modules' step: a recorded one (decode_plan.py) runs the same slices in C (tests/kernels/cpu/test_moe_decode.py)
+    monkeypatch.setattr(decode_plan, "covers", lambda batch, inputs: False)
     cache = Cache(packed, max_seq_len=64, page_size=16)
     batch = Batch.build(cache, [[0, 1]], [0], [len(ids)])
     packed(ids, batch.positions(), batch)
