@@ -5,7 +5,9 @@
     KV cache: 2 (keys, values) * layers * kv_heads * tokens * bytes of one head row, where a row is
               head_dim * bytes per element ("bf16": the model's dtype) or, in a quantized format (q8, q6, q4),
               head_dim / 32 blocks of a float16 scale and 32 codes (kernels/torch_ref/kv_quant.py); a
-              sliding-window layer counts only the tokens of its window pool (engine/cache/cache.py)
+              sliding-window layer counts only the tokens of its window pool (engine/cache/cache.py); a
+              linear-attention layer keeps no K/V but a recurrent state per slot of the cache's default pool
+              (STATE_SEQS running sequences and SNAPSHOTS_PER_SEQ snapshots each, engine/cache/recurrent.py)
 
 Checking this before a load turns "the machine swaps for minutes, then the app dies" into a message that says
 what to change. The figures are estimates: good to a few percent for the weights and exact for the cache.
@@ -16,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.cache.cache import KV_FORMATS, window_pool_tokens
+from engine.cache.cache import KV_FORMATS, SNAPSHOTS_PER_SEQ, STATE_SEQS, window_pool_tokens
+from engine.cache.recurrent import state_bytes
 from engine.errors import ModelLoadError
 from engine.model_info import ModelInfo
 from kernels.torch_ref import kv_quant
@@ -158,14 +161,25 @@ def format_bytes(num_bytes: int) -> str:
     return f"{max(1, round(num_bytes / 1e3))} KB"
 
 
+def recurrent_state_bytes(info: ModelInfo, itemsize: int) -> int:
+    """The recurrent-state pool a Cache gives a hybrid model by default: its live slots and snapshot slots, each
+    holding every linear-attention layer's state (the conv window at `itemsize` bytes, the delta state float32)."""
+    if not info.num_linear_layers:
+        return 0
+    per_slot = info.num_linear_layers * state_bytes(info.linear_conv_elements, info.linear_delta_elements, itemsize)
+    return per_slot * STATE_SEQS * (1 + SNAPSHOTS_PER_SEQ)
+
+
 def _kv_bytes(info: ModelInfo, tokens: int, itemsize: int, kv_format: str) -> int:
-    """The cache of one chat of `tokens` tokens: every token on full layers, the window pool on sliding ones."""
+    """The cache of one chat of `tokens` tokens: every token on full layers, the window pool on sliding ones, the
+    state pool for linear-attention ones."""
     if not info.has_kv_shape:
         return 0
     per_layer = kv_bytes_per_token(1, info.num_kv_heads, info.head_dim, itemsize, kv_format)
     sliding = info.num_sliding_layers if info.sliding_window else 0
     kept = window_pool_tokens(info.sliding_window, CONTEXT_STEP, tokens) if sliding else 0
-    return per_layer * ((info.num_layers - sliding) * tokens + sliding * kept)
+    full = info.num_layers - sliding - info.num_linear_layers
+    return per_layer * (full * tokens + sliding * kept) + recurrent_state_bytes(info, itemsize)
 
 
 __all__ = [
@@ -179,4 +193,5 @@ __all__ = [
     "kv_format_problem",
     "largest_context",
     "memory_need",
+    "recurrent_state_bytes",
 ]

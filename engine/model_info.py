@@ -57,6 +57,11 @@ class ModelInfo:
     # whole context (engine/cache/window.py).
     num_sliding_layers: int = 0
     sliding_window: int | None = None
+    # Layers that keep a recurrent state per sequence instead of KV pages (Qwen3.5's linear attention), and the
+    # elements of one layer's state: its conv window (in the cache's dtype) and its delta state (float32).
+    num_linear_layers: int = 0
+    linear_conv_elements: int = 0
+    linear_delta_elements: int = 0
 
     @property
     def supported(self) -> bool:
@@ -271,6 +276,25 @@ def _kv_shape(config: ModelConfig | None) -> dict[str, int | None]:
         "num_kv_heads": config.num_key_value_heads,
         "head_dim": config.head_dim,
         **_sliding(config),
+        **_linear(config),
+    }
+
+
+def _linear(config: ModelConfig) -> dict[str, int]:
+    """How many layers keep a recurrent state instead of pages, and its size, as the model's layers will be built."""
+    if "Qwen3_5" not in (config.text_architecture or config.architecture):
+        return {}
+    from engine.models.qwen3_5 import Qwen3_5Settings
+
+    try:
+        s = Qwen3_5Settings.from_config(config)
+    except ModelLoadError:
+        return {}
+    conv_dim = 2 * s.num_k_heads * s.key_dim + s.num_v_heads * s.value_dim  # q, k and v go through the conv
+    return {
+        "num_linear_layers": sum(s.is_linear),
+        "linear_conv_elements": conv_dim * (s.conv_kernel - 1),
+        "linear_delta_elements": s.num_v_heads * s.key_dim * s.value_dim,
     }
 
 

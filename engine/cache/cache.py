@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from engine.cache.disk import DEFAULT_MAX_BYTES, DiskTier, model_identity
+from engine.cache.recurrent import RecurrentState, state_shapes
 from engine.config.model import ModelConfig
 from kernels.torch_ref import kv_quant
 
@@ -15,6 +16,9 @@ KV_FORMATS = ("bf16", *kv_quant.FORMATS)  # what `kv_format` takes ("bf16": the 
 # The default sliding-window pool: this many jobs' windows, each with a prompt chunk of the generator's default
 # size and two pages of slack (after its prompt a job needs only its window, so about twice as many decode).
 WINDOW_JOBS, WINDOW_CHUNK = 4, 2048
+# The default recurrent-state pool of a hybrid model: this many sequences run at once (more wait for a slot), and
+# this many snapshots per such sequence (states at page boundaries, for prefix reuse and rewinds).
+STATE_SEQS, SNAPSHOTS_PER_SEQ = 8, 2
 
 
 class Cache:
@@ -36,6 +40,12 @@ class Cache:
     keep across all jobs, in slots of one page that a job gives back once its window has moved past them
     (engine/cache/window.py). None sizes it for WINDOW_JOBS jobs' windows; `max_seq_len` or more keeps those
     layers in pages like the others. Models without such layers ignore it.
+
+    `state_bytes`: the memory of the recurrent-state slots of a hybrid model's linear-attention layers (one slot per
+    running sequence, engine/cache/recurrent.py; those layers keep no pages). None sizes it for STATE_SEQS
+    sequences; too little for one sequence is an error. `snapshot_bytes`: more slots, for copies of the state at
+    page boundaries, which let a later prompt with the same prefix (the next chat turn) and a rewind resume there;
+    None gives SNAPSHOTS_PER_SEQ per live slot. Models without such layers ignore both.
     """
 
     def __init__(
@@ -48,6 +58,8 @@ class Cache:
         disk_dir: str | Path | None = None,
         disk_max_bytes: int = DEFAULT_MAX_BYTES,
         sliding_tokens: int | None = None,
+        state_bytes: int | None = None,
+        snapshot_bytes: int | None = None,
     ):
         if page_size <= 0 or max_seq_len <= 0:
             raise ValueError(f"page_size ({page_size}) and max_seq_len ({max_seq_len}) must be positive")
@@ -72,7 +84,9 @@ class Cache:
         self.dtype = dtype or model.dtype
         self.device = model.device
         self._place_windows(layer_windows(model, config.num_hidden_layers), sliding_tokens)
+        self._place_states(model, config.num_hidden_layers, state_bytes, snapshot_bytes)
         sizes = [self.num_slots if i in self.window_layers else self.num_pages for i in range(config.num_hidden_layers)]
+        sizes = [0 if i in self.state_layers else n for i, n in enumerate(sizes)]
         self.k = [self._layer_tensor(config, n) for n in sizes]
         self.v = [self._layer_tensor(config, n) for n in sizes]
         self.disk: DiskTier | None = None
@@ -92,6 +106,19 @@ class Cache:
         if pool < self.max_seq_len:
             self.num_slots = pool // self.page_size
             self.window_layers = frozenset(i for i, w in enumerate(windows) if w)
+
+    def _place_states(self, model, num_layers: int, state_bytes: int | None, snapshot_bytes: int | None) -> None:
+        """Which layers keep recurrent state instead of pages (`state_layers`), and their slot pool (`state`)."""
+        shapes = state_shapes(model, num_layers)
+        self.state_layers: frozenset[int] = frozenset(shapes)
+        self.state: RecurrentState | None = None
+        if shapes:
+            per_slot = sum(s.num_bytes(self.dtype) for s in shapes.values())
+            if state_bytes is None:
+                state_bytes = STATE_SEQS * per_slot
+            if snapshot_bytes is None:
+                snapshot_bytes = SNAPSHOTS_PER_SEQ * (state_bytes // per_slot) * per_slot
+            self.state = RecurrentState.for_budget(shapes, state_bytes, self.dtype, self.device, snapshot_bytes)
 
     def use_disk(self, folder: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> DiskTier:
         """Keep finished pages in `folder` too (call before creating the generator, which reads `self.disk`)."""
@@ -121,6 +148,8 @@ class Cache:
 
     def _index(self, layer: int, page_id: int, slot: int | None) -> int | None:
         """Where layer `layer` keeps page `page_id`'s rows: the page, its window slot, or nowhere (None)."""
+        if layer in self.state_layers:
+            return None
         return slot if layer in self.window_layers else page_id
 
     def copy_page(
@@ -145,8 +174,8 @@ class Cache:
     ) -> None:
         """Queue a full, named page for the disk tier (a private copy of its rows; the write happens later).
         `slot`: its window slot, which a cache with sliding-window layers kept apart needs to save it."""
-        if self.disk is None or (self.window_layers and slot is None):
-            return
+        if self.disk is None or (self.window_layers and slot is None) or self.state is not None:
+            return  # a hybrid model's page is of no use without its recurrent state, which disk does not keep yet
         rows = []  # [page_size, heads, head_dim] each, K then V per layer
         for layer, pair in enumerate(zip(self.k, self.v)):
             rows += [t[self._index(layer, page_id, slot)].clone() for t in pair]
@@ -169,12 +198,14 @@ class Cache:
 
     @property
     def num_bytes(self) -> int:
-        """Every byte of the pages, quantized blocks' scales included."""
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        """Every byte of the pages, quantized blocks' scales included, and of the recurrent-state slots."""
+        pages = sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return pages + (self.state.num_bytes if self.state is not None else 0)
 
     @property
     def bytes_per_token(self) -> int:
-        return self.num_bytes // self.max_seq_len
+        """Bytes of the pages per token (the recurrent state does not grow with tokens)."""
+        return sum(t.numel() * t.element_size() for t in self.k + self.v) // self.max_seq_len
 
 
 def window_pool_tokens(window: int, page_size: int, max_seq_len: int, sliding_tokens: int | None = None) -> int:

@@ -41,6 +41,9 @@ def check_job(job: DynamicJob, model, cache: CacheManager, max_batch_size: int, 
                 f"the cache's sliding-window layers keep {window.num_slots * cache.page_size} tokens, fewer than "
                 f"one window and one step of this job need ({tokens}); make the cache with sliding_tokens >= {tokens}"
             )
+    states = getattr(cache, "states", None)
+    if states is not None:
+        _check_state_slots(job, cache, states)
     if job.negative_ids is not None:
         guidance.check_fits(job, vocab, max_batch_size, cache.pages_for, num_pages, max_seq_len)
     if total > max_seq_len:
@@ -76,3 +79,19 @@ def _check_vocab_ids(job: DynamicJob, vocab: int) -> None:
             raise ValueError(
                 f"{name} holds token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}; use ids below {vocab}"
             )
+
+
+def _check_state_slots(job: DynamicJob, cache: CacheManager, states) -> None:
+    """A hybrid model's job needs a recurrent-state slot per sequence (two with CFG) among the live ones, and a
+    spare each, from the whole pool, when it may rewind (banned strings, speculative decoding)."""
+    num_seqs = 2 if job.negative_ids is not None else 1
+    needed = cache.slots_needed(bool(job.banned_strings), num_seqs)
+    if num_seqs <= states.num_live and needed <= states.num_slots:
+        return
+    what = "a CFG job runs two sequences, each with its own recurrent state: it" if num_seqs > 1 else "this job"
+    spares = " and a spare each, to rewind (banned strings, drafts)," if needed > num_seqs else ""
+    raise ValueError(
+        f"{what} needs {num_seqs} live recurrent-state slot(s){spares} {needed} in all, but the cache has "
+        f"{states.num_live} live and {states.num_slots} in all; make the cache with state_bytes >= "
+        f"{num_seqs * states.bytes_per_slot:,} and state_bytes + snapshot_bytes >= {needed * states.bytes_per_slot:,}"
+    )

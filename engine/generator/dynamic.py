@@ -20,6 +20,7 @@ import torch
 from engine.cache.cache import Cache
 from engine.cache.manager import CacheManager
 from engine.cache.page_table import PageTable
+from engine.cache.recurrent import StateSlots
 from engine.cache.window import WindowSlots
 from engine.generator import convenience, guidance
 from engine.generator.checks import check_job
@@ -84,6 +85,13 @@ class DynamicGenerator:
             max_ngram=max_ngram,
             max_q_size=max_q_size,
         )
+        state = getattr(cache, "state", None)
+        if getattr(draft_cache, "state", None) is not None:
+            # The draft model's cache would need its own snapshots and rewinds (the main model's are kept).
+            raise ValueError(
+                "a draft model with linear-attention layers (Qwen3.5) is not supported; draft with a model of "
+                "attention layers only, or use use_ngram_draft=True"
+            )
         self.model = model
         self.cache = cache
         self.tokenizer = tokenizer
@@ -106,7 +114,18 @@ class DynamicGenerator:
         if cache.window_layers:  # sliding-window layers in slots of their own (engine/cache/window.py)
             drafted = 1 + (num_draft_tokens if self.drafter is not None else 0)
             window = WindowSlots(cache.num_slots, cache.window, self.page_size, decode_tokens=drafted)
-        self.cache_manager = CacheManager(self.num_pages, self.page_size, disk=cache.disk, window=window)
+        # a hybrid model's recurrent-state slots (engine/cache/recurrent.py)
+        states = StateSlots(state.num_slots, state.num_live, state.bytes_per_slot) if state is not None else None
+        self.cache_manager = CacheManager(
+            self.num_pages,
+            self.page_size,
+            disk=cache.disk,
+            window=window,
+            states=states,
+            speculative=self.drafter is not None,
+        )
+        if self.drafter is not None:
+            self.drafter.room = self.cache_manager.draft_room
         self.scheduler = Scheduler(self.cache_manager, self.max_batch_size, self.max_chunk_size)
         self._sessions: dict[int, JobSession] = {}  # serial -> running or waiting job
         self._buffered: list[Result] = []  # results produced while generate() ran others' steps
@@ -227,6 +246,7 @@ class DynamicGenerator:
         for c in copies:
             self.cache.copy_page(c.src, c.dst, c.num_tokens, c.src_slot, c.dst_slot)
         self.cache_manager.copies_done()
+        self._copy_states()
         self._load_pages()
         now = time.perf_counter()
         results = []
@@ -252,6 +272,11 @@ class DynamicGenerator:
         for seq in self.cache_manager.loads_done(failed):
             seq.cached_tokens = seq.num_computed
             seq.cached_pages = self.cache_manager.pages_for(seq.num_computed)
+
+    def _copy_states(self) -> None:
+        """Run the recurrent-state copies the cache manager asked for (snapshots kept and restored), in order."""
+        for c in self.cache_manager.take_state_copies():
+            self.cache.state.copy_slot(c.src, c.dst)
 
     def _save_named_pages(self) -> None:
         # Snapshots the rows now (the page may be reused next step); the disk tier writes them off this thread.
@@ -291,6 +316,7 @@ class DynamicGenerator:
         manager = self.cache_manager
         for s, f in zip(steps, fed):
             manager.step(s.seq, s.start, s.start + len(f))
+        self._copy_states()  # restores before this forward; a drafting sequence's state before its drafts
         batch = Batch.build(
             self.cache,
             [[p.page_id for p in s.seq.pages] for s in steps],
@@ -298,6 +324,7 @@ class DynamicGenerator:
             [len(f) for f in fed],
             logits=[list(range(len(s.token_ids) - 1, len(f))) if s.needs_logits else [] for s, f in zip(steps, fed)],
             window_tables=[manager.window_table(s.seq) for s in steps] if manager.window is not None else None,
+            state_slots=[s.seq.state_slot for s in steps] if manager.states is not None else None,
         )
         ids = torch.tensor([t for f in fed for t in f], dtype=torch.long, device=self.cache.device)
         runs, start = [], 0
@@ -337,7 +364,9 @@ class DynamicGenerator:
         for step in steps:
             self.scheduler.commit(step)
             if not step.needs_logits and not step.seq.shadow:
-                results.append(self._sessions[step.seq.serial].prefill_result())
+                session = self._sessions[step.seq.serial]
+                if not session.generated:  # (not the rows a hybrid model computes again after a rewind)
+                    results.append(session.prefill_result())
         steps = [s for s in steps if s.needs_logits]
         if not steps:
             return results

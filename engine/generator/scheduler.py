@@ -35,6 +35,10 @@ class Seq:
     max_step: int = 2048  # the most tokens a prefill step feeds: max_chunk_size, widened to keep an image whole
     slots_held: set[int] = field(default_factory=set)  # pages whose sliding-window slot it holds (cache/window.py)
     window_quota: int = 0
+    state_slot: int = -1  # its recurrent-state slot, for a hybrid model's linear layers (cache/recurrent.py)
+    spare_slot: int = -1  # a second one, for the state a rewind returns to
+    state_at: int = 0  # tokens the state in its slot has taken in
+    spare_at: int = -1  # tokens the state in its spare has taken in (-1: none)
     cached_tokens: int = 0  # prompt tokens reused from the cache at admission
     cached_pages: int = 0
     skips: int = 0
@@ -156,7 +160,7 @@ class Scheduler:
         """The sequence's next chunk; a single token (a decode step) is counted in the budget already."""
         remaining = len(seq.tokens) - seq.num_computed
         n = remaining if remaining <= 1 else min(remaining, self.max_chunk_size, budget)
-        room = self.cache.step_room(seq)  # what its sliding-window quota holds
+        room = self.cache.step_room(seq)  # its sliding-window quota; a hybrid model's next page boundary
         n = n if room is None else min(n, room)
         if n <= 0:
             return None
@@ -171,6 +175,10 @@ class Scheduler:
     def append(self, seq: Seq, token_id: int) -> None:
         for s in seq.group:  # a CFG negative mirrors the generated tokens
             s.tokens.append(token_id)
+
+    def settle(self, seq: Seq) -> None:
+        """After a verify step: the cache drops what rejected drafts left in a recurrent state."""
+        self.cache.settle(seq)
 
     def rewind(self, seq: Seq, num_generated: int) -> None:
         """Keep only the first `num_generated` generated tokens; the last kept token is fed again for logits."""

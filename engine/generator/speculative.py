@@ -15,11 +15,16 @@ point mass on d_i, so the standard rule (Leviathan et al., accept with min(1, p/
 
 so every emitted token has exactly the distribution of non-speculative sampling. When all k drafts are
 accepted, row k gives one more token for free. Random numbers come from the job's seeded generator.
+
+A hybrid model's recurrent state (engine/cache/recurrent.py) takes in every fed draft. The cache manager sets the
+state before them aside (its step()), and after a verify step that rejected some, settle() puts it back: the
+accepted tokens are computed again with the next token. Drafts stop at page boundaries (the manager's
+draft_room()), so a step that keeps them all leaves the state at the boundary, where a snapshot is kept.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -46,6 +51,8 @@ class Drafter:
         self.num_draft_tokens = num_draft_tokens
         self.max_q_size = max_q_size
         self.vocab_size = vocab_size  # drafts hold ids both models know
+        # the most tokens a sequence may draft now, or None (the cache manager's draft_room)
+        self.room: Callable[[Seq], int | None] | None = None
 
     def propose(self, jobs: Sequence[tuple[JobSession, Step]]) -> dict[int, list[int]]:
         """Drafted tokens per serial, for the steps of this iterate that may speculate (others are absent)."""
@@ -64,7 +71,9 @@ class Drafter:
         if not settings.is_greedy and (settings.mirostat or job.return_top_tokens):
             return 0  # mirostat's mu and top-k reports need the sampler's own draw
         # The last draft must still leave room for the bonus token within max_new_tokens.
-        return max(0, min(self.num_draft_tokens, self.max_q_size - 1, job.max_new_tokens - len(session.generated) - 1))
+        k = min(self.num_draft_tokens, self.max_q_size - 1, job.max_new_tokens - len(session.generated) - 1)
+        room = self.room(step.seq) if self.room is not None else None
+        return max(0, k if room is None else min(k, room))
 
     def _draft(self, wanted: list[tuple[Seq, int]]) -> dict[int, list[int]]:
         """Up to k drafted ids per sequence of `wanted` (seq, k), keyed by serial."""
@@ -116,6 +125,8 @@ class Drafter:
             scheduler.commit(
                 Step(seq, step.start + 1, seq.tokens[step.start + 1 : step.start + 1 + num_accepted], False)
             )
+        if not ended:
+            scheduler.settle(seq)  # a recurrent state that took in rejected drafts goes back
         return merge_results(results) if results else None
 
 

@@ -32,12 +32,20 @@ class Batch:
     # (engine/cache/window.py): the same shapes as block_tables and slot_mapping, in slot ids.
     window_tables: torch.Tensor | None = None
     window_slots: torch.Tensor | None = None
+    # Per sequence, its recurrent-state slot, when the cache keeps linear-attention state (engine/cache/recurrent.py).
+    state_slots: tuple[int, ...] = ()
 
     def pages_of(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
         """(block tables, slot mapping, page runs) of layer `layer_idx`: its window slots' or the pages'."""
         if self.window_tables is not None and layer_idx in self.cache.window_layers:
             return self.window_tables, self.window_slots, ()
         return self.block_tables, self.slot_mapping, self.page_runs
+
+    def state_of(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(conv windows [num_slots, conv_dim, width], delta states [num_slots, heads, key_dim, value_dim]) of
+        linear-attention layer `layer_idx`: the whole pool; `state_slots` says which slot is each sequence's."""
+        state = self.cache.state
+        return state.conv[layer_idx], state.delta[layer_idx]
 
     @property
     def seq_lens_host(self) -> tuple[int, ...]:
@@ -56,12 +64,14 @@ class Batch:
         query_lens: Sequence[int],
         logits: str | Sequence[Sequence[int]] = "last",
         window_tables: Sequence[Sequence[int]] | None = None,
+        state_slots: Sequence[int] | None = None,
     ) -> Batch:
         """Make a batch from host-side page lists.
 
         `logits` is "last" (last new token of each sequence), "all", or per sequence the offsets within its
         new tokens that need logits. `window_tables`: per sequence, the window slot of each page, for a cache
-        whose sliding-window layers live in slots (the cache manager's window_table()).
+        whose sliding-window layers live in slots (the cache manager's window_table()). `state_slots`: per
+        sequence, its recurrent-state slot (the generator's from the cache manager); None gives sequence i slot i.
         """
         device = cache.device
         page_size = cache.page_size
@@ -94,6 +104,11 @@ class Batch:
                     device=device,
                 ),  # fmt: skip
             )
+        state = getattr(cache, "state", None)
+        if state is not None and state_slots is None:
+            if len(block_tables) > state.num_slots:
+                raise ValueError(f"{len(block_tables)} sequences but the cache has {state.num_slots} state slots")
+            state_slots = range(len(block_tables))
         return cls(
             cache=cache,
             block_tables=tables.to(device),
@@ -107,6 +122,7 @@ class Batch:
                 for table, past, n in zip(block_tables, past_lens, query_lens)
             ),
             **windows,
+            state_slots=() if state is None else tuple(int(s) for s in state_slots),
         )
 
     def positions(self) -> torch.Tensor:

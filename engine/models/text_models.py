@@ -11,6 +11,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
+from engine.models.qwen3_5 import Qwen3_5ForCausalLM
 from engine.models.qwen3_moe import Qwen3MoeForCausalLM
 from engine.models.smollm3 import SmolLM3ForCausalLM
 
@@ -21,6 +22,7 @@ TEXT_MODELS: dict[str, type[Model]] = {
         Qwen2ForCausalLM,
         Qwen3ForCausalLM,
         Qwen3MoeForCausalLM,
+        Qwen3_5ForCausalLM,
         Gemma3ForCausalLM,
         GptOssForCausalLM,
         Phi3ForCausalLM,
