@@ -49,7 +49,11 @@ python tools/bench_report.py docs/bench-results/*.json --out docs/benchmarks.md
   the CPUs torch uses).
 - The 1B files are random weights in Llama-3.2-1B's shape with the starter's tokenizer:
   `python tools/make_bench_model.py OUT_DIR` writes Q4_K_M, Q4_0 and Q8_0. The starter is SmolLM2-135M-Instruct
-  (Q4_1), `python -m engine bench --only core`.
+  (Q4_1), `python -m engine bench --only core`. The mixture-of-experts files keep a few layers of the real shapes:
+  `python tools/make_bench_model.py OUT_DIR --shape qwen3moe` (Qwen3-30B-A3B: 128 experts, top 8, Q4_K_M) and
+  `--shape gpt-oss --types MXFP4` (gpt-oss-20b: 32 experts, top 4), random routers included. Their "decode
+  bound" row divides the bytes one decode step must read (dense weights and the head whole, experts at top_k /
+  num_experts) into the rate the bench's threads stream memory.
 - Decode tok/s excludes the prompt (new tokens - 1 over the time from the first to the last token, best of
   two runs); concurrent jobs count every job's new tokens over the wall time, prefill included; "one core busy"
   runs a busy loop beside the decode. A run where a side waited for a CPU more than 10% of its runnable time is
