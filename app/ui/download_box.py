@@ -10,7 +10,7 @@ import logging
 from concurrent.futures import Future
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QLineEdit, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
 from app.service.catalog import download_from_hub, models_dir
@@ -89,9 +89,12 @@ class DownloadBox(QGroupBox):
         layout.addWidget(self.progress)
         layout.addWidget(self.label)
         self._bridge = _DownloadBridge(self)
-        self._bridge.progress.connect(self._on_progress)
-        self._bridge.finished.connect(self._on_finished)
-        self._bridge.failed.connect(self._on_failed)
+        # Queued even when emitted on the GUI thread: a download that fails before its done-callback is added
+        # (offline, in milliseconds) runs that callback inside download(), which must return first.
+        queued = Qt.ConnectionType.QueuedConnection
+        self._bridge.progress.connect(self._on_progress, queued)
+        self._bridge.finished.connect(self._on_finished, queued)
+        self._bridge.failed.connect(self._on_failed, queued)
 
     def is_downloading(self) -> bool:
         return self._download is not None and not self._download.done()

@@ -284,6 +284,27 @@ def test_download_offline_says_so_quickly(qtbot, manager, store, monkeypatch):
     assert store.models.all() == []  # nothing half-downloaded was remembered
 
 
+def test_a_download_that_fails_before_download_returns_still_reports_afterwards(qtbot, manager, monkeypatch):
+    """A failure can finish before download() adds its done-callback, which then runs inside download(): the
+    message must still arrive after download() returns (queued), with the button re-enabled then."""
+    from concurrent.futures import Future
+
+    import app.ui.download_box as download_box
+
+    def failed_already(*args, **kwargs) -> Future:
+        future: Future = Future()
+        future.set_exception(OSError("offline: nothing listens on 127.0.0.1:9"))
+        return future
+
+    monkeypatch.setattr(download_box, "submit", failed_already)
+    manager.repo_edit.setText("HuggingFaceTB/SmolLM2-135M-Instruct")
+    manager.download_button.click()
+    assert not manager.download_button.isEnabled()  # the failure has not been shown yet
+    qtbot.waitUntil(lambda: manager.download_button.isEnabled(), timeout=5_000)
+    assert "offline" in manager.download_label.text()
+    assert not manager.download_progress.isVisible()
+
+
 def write_projector(path: Path, projector_type: str) -> Path:
     """A header-only llama.cpp projector file (mmproj): what the manager and the loader read first."""
     import gguf
